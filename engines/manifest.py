@@ -1,0 +1,215 @@
+"""The export <-> engine contract: ``manifest.json`` in every engine directory.
+
+Written once by ``rung export``, read by every engine backend. It is versioned: an engine
+refuses a manifest whose ``format_version`` it does not know, and every artifact it names is
+checked against its sha256 before use.
+
+Layout of the graph the manifest describes (format 1):
+
+    inputs   input_ids      int64  [B, S]
+             position_ids   int64  [B, S]       absolute position of each new token
+             past_lengths   int64  [B]          valid past entries per sequence
+             logits_index   int64  [B]          which of the S new positions to score
+             past_key_{i}   kv     [P, B, Hkv, D]   read-only view of the engine's buffer
+             past_value_{i} kv     [P, B, Hkv, D]
+    outputs  logits         float32 [B, V]
+             new_key_{i}    kv     [S, B, Hkv, D]   only the new positions
+             new_value_{i}  kv     [S, B, Hkv, D]
+
+The KV layout is position-major so that the first P positions of a buffer
+``[max_seq, B, Hkv, D]`` are one contiguous block: the engine hands the graph a view of its
+buffer and writes the new positions in place, never copying the whole cache per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rung.engines.errors import ManifestError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+KV_LAYOUT = "position_major_SBHD"
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Dimensions of the exported decoder."""
+
+    hf_architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_seq: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """How the KV cache is stored in the engine's buffers and read by the graph."""
+
+    dtype: str  # "float32" | "float16" | "float8_e4m3fn"
+    layout: str = KV_LAYOUT
+    scale_layout: str | None = None  # e.g. "per_token_per_head" for fp8
+
+    def bytes_per_token(self, dims: ModelDims) -> int:
+        """Bytes one token occupies in the cache (K and V, all layers, scales included)."""
+        width = {"float32": 4, "float16": 2, "float8_e4m3fn": 1}[self.dtype]
+        per_layer = 2 * dims.num_kv_heads * dims.head_dim * width
+        if self.scale_layout == "per_token_per_head":
+            per_layer += 2 * dims.num_kv_heads * 4
+        return per_layer * dims.num_layers
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: list[str | int]
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    files: list[str]
+    chat_template: str | None
+    bos_token: str | None
+    bos_token_id: int | None
+    eos_token_ids: list[int]
+    pad_token_id: int | None
+    add_bos_token: bool
+
+
+@dataclass(frozen=True)
+class Parity:
+    """Export-time verification of the graph against the PyTorch model."""
+
+    prompts: int
+    tokens: int
+    max_abs_logit_diff: float
+    max_rel_logit_diff: float
+    greedy_agreement: float
+    tolerance_abs: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    engine_id: str
+    created: str
+    rung_version: str
+    dims: ModelDims
+    graph_file: str
+    opset: int
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    weights: str  # "fp32" | "fp16"
+    kv: KVSpec
+    tokenizer: TokenizerSpec
+    generation: dict[str, Any]
+    parity: Parity | None
+    artifacts: dict[str, str]  # file name -> sha256
+    ffn_gate: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- writing -----------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=False) + "\n"
+
+    def save(self, engine_dir: Path) -> Path:
+        path = Path(engine_dir) / MANIFEST_NAME
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(self.to_json(), encoding="utf-8")
+        tmp.replace(path)
+        return path
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _build(cls: type[Any], data: Any, where: str) -> Any:
+    """Build a dataclass from a dict, naming the offending key on any mismatch."""
+    if not isinstance(data, dict):
+        raise ManifestError(f"manifest field {where!r} must be an object")
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    missing = [n for n, f in names.items()
+               if n not in data and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ManifestError(f"manifest field {where!r} lacks key {missing[0]!r}",
+                            "re-export the engine with this rung version")
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ManifestError(f"manifest field {where!r} has unknown key {unknown[0]!r}",
+                            "re-export the engine with this rung version")
+    return cls(**{k: data[k] for k in names if k in data})
+
+
+def load_manifest(engine_dir: Path, verify_artifacts: bool = True) -> Manifest:
+    """Read and check ``ENGINE_DIR/manifest.json``.
+
+    Raises:
+        ManifestError: missing or malformed file, unknown format version, artifact missing
+            or with a different sha256 than recorded.
+    """
+    engine_dir = Path(engine_dir)
+    path = engine_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise ManifestError(f"{path}: no manifest",
+                            "point at a directory written by `rung export`")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ManifestError(f"{path}: not valid JSON ({e})", "re-export the engine") from e
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{path}: top level must be an object", "re-export the engine")
+    version = raw.get("format_version")
+    if not isinstance(version, int):
+        raise ManifestError(f"{path}: format_version missing or not an integer",
+                            "re-export the engine")
+    if version > FORMAT_VERSION:
+        raise ManifestError(
+            f"{path}: manifest format {version} is newer than this rung understands "
+            f"(format {FORMAT_VERSION})", "upgrade rung or re-export with this version")
+    if version < FORMAT_VERSION:
+        raise ManifestError(f"{path}: manifest format {version} is no longer supported",
+                            "re-export the engine with this rung version")
+    try:
+        m = _build(Manifest, raw, "manifest")
+        m = dataclasses.replace(
+            m,
+            dims=_build(ModelDims, m.dims, "dims"),
+            inputs=[_build(TensorSpec, t, "inputs") for t in m.inputs],
+            outputs=[_build(TensorSpec, t, "outputs") for t in m.outputs],
+            kv=_build(KVSpec, m.kv, "kv"),
+            tokenizer=_build(TokenizerSpec, m.tokenizer, "tokenizer"),
+            parity=None if m.parity is None else _build(Parity, m.parity, "parity"),
+        )
+    except TypeError as e:
+        raise ManifestError(f"{path}: malformed ({e})", "re-export the engine") from e
+    if verify_artifacts:
+        for name, digest in m.artifacts.items():
+            art = engine_dir / name
+            if not art.is_file():
+                raise ManifestError(f"{art}: listed in the manifest but missing",
+                                    "copy the whole engine directory or re-export")
+            if sha256_file(art) != digest:
+                raise ManifestError(f"{art}: sha256 differs from the manifest (corrupt or "
+                                    "modified)", "re-export or copy the engine again")
+    return m

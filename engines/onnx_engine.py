@@ -1,0 +1,98 @@
+"""The ONNX Runtime engine: one session over the exported decoder graph.
+
+CPU by default; the CUDA execution provider is selectable by options (``provider="cuda"``)
+but is not tested without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from rung.engines.errors import EngineError
+from rung.engines.kv import KVCache
+from rung.engines.manifest import Manifest
+
+PROVIDERS = {"cpu": ["CPUExecutionProvider"],
+             "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Session settings. ``threads`` 0 lets ONNX Runtime choose (one per physical core)."""
+
+    provider: str = "cpu"
+    threads: int = 0
+
+
+class OnnxEngine:
+    """Runs the decoder graph; the caller owns ``KVCache`` objects made by ``new_cache``."""
+
+    backend = "onnx"
+
+    def __init__(self, engine_dir: Path, manifest: Manifest,
+                 options: EngineOptions | None = None) -> None:
+        options = options or EngineOptions()
+        if options.provider not in PROVIDERS:
+            raise EngineError(f"unknown provider {options.provider!r}",
+                              f"choose one of {', '.join(PROVIDERS)}")
+        self.manifest = manifest
+        self.dims = manifest.dims
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if options.threads:
+            so.intra_op_num_threads = options.threads
+        so.inter_op_num_threads = 1
+        path = Path(engine_dir) / manifest.graph_file
+        try:
+            self.session = ort.InferenceSession(str(path), so,
+                                                providers=PROVIDERS[options.provider])
+        except Exception as e:  # onnxruntime raises its own untyped errors
+            raise EngineError(f"{path}: ONNX Runtime cannot load the graph ({e})",
+                              "re-export the engine") from e
+        self.output_names = [o.name for o in manifest.outputs]
+
+    def new_cache(self, batch: int, max_seq: int | None = None) -> KVCache:
+        """Preallocate KV buffers for ``batch`` sequences."""
+        d = self.dims
+        seq = min(max_seq or d.max_seq, d.max_seq)
+        return KVCache(d.num_layers, batch, seq, d.num_kv_heads, d.head_dim,
+                       self.manifest.kv.dtype)
+
+    def forward(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
+                logits_index: np.ndarray | None = None) -> np.ndarray:
+        """Run the graph on new tokens and append their KV to ``cache``.
+
+        Args:
+            cache: the rows' KV buffers (batch must equal ``tokens.shape[0]``).
+            tokens: [B, S] int64, right-padded.
+            n_new: [B] valid tokens per row (0 = the row is idle this step).
+            logits_index: [B, K] positions (within the S new ones) to score; default the last
+                valid one per row.
+        Returns:
+            logits [B, K, V] float32.
+        """
+        b, s = tokens.shape
+        if b != cache.batch:
+            raise EngineError(f"batch {b} does not match the cache's {cache.batch}")
+        if logits_index is None:
+            logits_index = np.maximum(n_new - 1, 0).astype(np.int64)[:, None]
+        feeds: dict[str, np.ndarray] = {
+            "input_ids": np.ascontiguousarray(tokens, dtype=np.int64),
+            "position_ids": cache.lengths[:, None] + np.arange(s, dtype=np.int64),
+            "past_lengths": cache.lengths.copy(),
+            "logits_index": np.ascontiguousarray(logits_index, dtype=np.int64),
+        }
+        if int((cache.lengths + s).max()) > cache.max_seq:
+            raise EngineError(f"sequence would exceed max_seq {cache.max_seq}",
+                              "shorten the prompt or max_tokens")
+        for i in range(self.dims.num_layers):
+            feeds[f"past_key_{i}"], feeds[f"past_value_{i}"] = cache.past(i)
+        outs = self.session.run(self.output_names, feeds)
+        n = self.dims.num_layers
+        cache.append(outs[1:1 + 2 * n:2], outs[2:2 + 2 * n:2], n_new.astype(np.int64))
+        logits: np.ndarray = outs[0]
+        return logits

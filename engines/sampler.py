@@ -1,0 +1,188 @@
+"""Choosing the next token from logits, and deciding when generation stops.
+
+``SamplingParams`` are the per-request knobs, checked on construction. ``Sampler`` turns one
+row of logits into a token id (greedy, or temperature / top-k / top-p sampling from a seeded
+``numpy.random.Generator``), optionally restricted by a boolean mask of allowed tokens for
+grammar-constrained decoding. ``StopChecker`` decides after each token whether generation
+ends with ``"stop"`` (eos id or stop string) or ``"length"`` (max_tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from rung.engines.errors import GenerationError
+
+_PARAMS_HINT = "fix the request's sampling parameters"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop; checked on construction.
+
+    ``temperature`` 0 means greedy; ``top_k`` 0 and ``top_p`` 1.0 turn those filters off;
+    ``seed`` None draws fresh entropy; ``stop`` strings end generation where they appear.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``GenerationError`` naming the first field with an invalid value."""
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            self._bad("temperature", "must be a finite number >= 0 (0 = greedy)")
+        if not (0.0 < self.top_p <= 1.0):
+            self._bad("top_p", "must be in (0, 1]")
+        if self.top_k < 0:
+            self._bad("top_k", "must be >= 0 (0 = off)")
+        if self.max_tokens < 1:
+            self._bad("max_tokens", "must be >= 1")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            self._bad("stop", "must be non-empty strings")
+
+    def _bad(self, name: str, rule: str) -> None:
+        raise GenerationError(f"sampling parameter {name}={getattr(self, name)!r}: {rule}",
+                              _PARAMS_HINT)
+
+
+class Sampler:
+    """Picks token ids from logits according to ``SamplingParams``.
+
+    The random generator is created once from ``params.seed``: the same seed and the same
+    logits give the same sequence of tokens.
+    """
+
+    def __init__(self, params: SamplingParams) -> None:
+        params.validate()
+        self.params = params
+        self._rng = np.random.default_rng(params.seed)
+
+    def sample(self, logits: npt.NDArray[np.floating],
+               allowed: npt.NDArray[np.bool_] | None = None) -> int:
+        """Return the next token id for a 1-D row of logits ``[V]``.
+
+        ``allowed`` (boolean ``[V]``) removes every token it marks False before anything
+        else. Greedy (temperature 0) takes the first maximum; otherwise logits are divided
+        by the temperature, top-k filtered, softmaxed in float64, top-p filtered (smallest
+        set reaching ``top_p``, at least one token) and one token is drawn.
+
+        Raises:
+            GenerationError: logits not 1-D or containing NaN, a mask of the wrong shape, or
+                no token left to choose.
+        """
+        x = self._prepare(logits, allowed)
+        if self.params.temperature == 0.0:
+            return int(np.argmax(x))
+        x = x / self.params.temperature
+        if 0 < self.params.top_k < x.shape[0]:
+            x = _top_k(x, self.params.top_k)
+        candidates, probs = _softmax_candidates(x)
+        if self.params.top_p < 1.0:
+            candidates, probs = _top_p(candidates, probs, self.params.top_p)
+        return int(candidates[self._draw(probs)])
+
+    def _prepare(self, logits: npt.NDArray[np.floating],
+                 allowed: npt.NDArray[np.bool_] | None) -> npt.NDArray[np.float64]:
+        """Check the inputs and return float64 logits with disallowed tokens at -inf."""
+        x = np.asarray(logits, dtype=np.float64)
+        if x.ndim != 1 or x.shape[0] == 0:
+            raise GenerationError(f"logits must be a non-empty 1-D array, got shape {x.shape}",
+                                  "pass one row of the engine's logits")
+        if np.isnan(x).any():
+            raise GenerationError("logits contain NaN",
+                                  "the engine produced invalid output; check the engine")
+        if allowed is not None:
+            mask = np.asarray(allowed, dtype=np.bool_)
+            if mask.shape != x.shape:
+                raise GenerationError(f"allowed mask has shape {mask.shape}, logits {x.shape}",
+                                      "build the mask over the full vocabulary")
+            x = np.where(mask, x, -np.inf)
+        if np.all(np.isneginf(x)):
+            raise GenerationError("no token is allowed: every logit is masked out or -inf",
+                                  "check the grammar/allowed-token mask for this step")
+        return x
+
+    def _draw(self, probs: npt.NDArray[np.float64]) -> int:
+        """Index drawn from unnormalized non-negative ``probs`` by inverse CDF."""
+        cdf = np.cumsum(probs)
+        u = self._rng.random() * cdf[-1]
+        return min(int(np.searchsorted(cdf, u, side="right")), len(probs) - 1)
+
+
+def _top_k(x: npt.NDArray[np.float64], k: int) -> npt.NDArray[np.float64]:
+    """Keep the ``k`` largest logits (ties at the boundary kept), others to -inf."""
+    kth = np.partition(x, -k)[-k]
+    return np.where(x >= kth, x, -np.inf)
+
+
+def _softmax_candidates(
+        x: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+    """Softmax with max subtraction; returns ids with non-zero probability and their probs."""
+    top = x.max()
+    if np.isposinf(top):  # +inf logits take all the mass, shared evenly
+        candidates = np.flatnonzero(np.isposinf(x))
+        return candidates, np.full(candidates.shape[0], 1.0 / candidates.shape[0])
+    p = np.exp(x - top)
+    candidates = np.flatnonzero(p > 0.0)
+    probs = p[candidates]
+    return candidates, probs / probs.sum()
+
+
+def _top_p(candidates: npt.NDArray[np.intp], probs: npt.NDArray[np.float64],
+           top_p: float) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+    """Keep the most probable candidates whose cumulative probability first reaches top_p."""
+    order = np.argsort(-probs, kind="stable")
+    sorted_probs = probs[order]
+    keep = int(np.searchsorted(np.cumsum(sorted_probs), top_p, side="left")) + 1
+    keep = min(keep, order.shape[0])
+    return candidates[order[:keep]], sorted_probs[:keep]
+
+
+class StopChecker:
+    """Decides after each generated token whether generation is finished.
+
+    The text passed to ``check`` is the whole decoded output so far; only its tail that
+    could hold a new stop-string match (new text plus the longest stop string) is searched.
+    """
+
+    def __init__(self, eos_ids: Iterable[int], stop: Sequence[str], max_tokens: int) -> None:
+        self._eos = frozenset(int(i) for i in eos_ids)
+        self._stop = tuple(s for s in stop if s)
+        self._longest = max((len(s) for s in self._stop), default=0)
+        self._max_tokens = max_tokens
+        self._searched = 0  # length of the text already searched for stop strings
+
+    def check(self, token_id: int, text: str, n_generated: int) -> str | None:
+        """``"stop"`` on an eos id or a stop string in ``text``, ``"length"`` once
+        ``n_generated >= max_tokens``, else None."""
+        if token_id in self._eos or self._stop_in_tail(text):
+            return "stop"
+        if n_generated >= self._max_tokens:
+            return "length"
+        return None
+
+    def truncate(self, text: str) -> str:
+        """``text`` cut at the earliest stop-string occurrence (the stop string excluded)."""
+        hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
+        return text[:min(hits)] if hits else text
+
+    def _stop_in_tail(self, text: str) -> bool:
+        """Search only the part of ``text`` where a match not seen before could lie."""
+        if not self._stop:
+            return False
+        searched = self._searched if len(text) >= self._searched else 0
+        tail = text[max(0, searched - self._longest + 1):]
+        self._searched = len(text)
+        return any(s in tail for s in self._stop)

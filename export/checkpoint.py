@@ -1,0 +1,168 @@
+"""Import a local Hugging Face checkpoint directory into rung's PyTorch model.
+
+Reads ``config.json``, single or sharded ``*.safetensors`` (with
+``model.safetensors.index.json``), the tokenizer files and ``generation_config.json``. Every
+failure is a ``CheckpointError`` that names the file and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from rung.engines.errors import CheckpointError, TokenizerError
+from rung.engines.manifest import TokenizerSpec
+from rung.engines.tokenizer import read_tokenizer_spec
+from rung.export.arch import ModelConfig, parse_config
+from rung.export.model import RungForCausalLM
+
+INDEX_NAME = "model.safetensors.index.json"
+# Tensors a checkpoint may carry that the model recomputes.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass
+class Checkpoint:
+    """An imported checkpoint: typed config, loaded model, tokenizer and generation config."""
+
+    path: Path
+    config: ModelConfig
+    model: RungForCausalLM
+    tokenizer: TokenizerSpec
+    generation: dict[str, Any]
+
+
+def read_json(path: Path, required: bool = True) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"{path}: missing",
+                                  "point at a Hugging Face model directory (save_pretrained)")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt JSON ({e})", "restore the file") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object", "restore the file")
+    return data
+
+
+def weight_files(hf_dir: Path) -> dict[str, Path]:
+    """Map every tensor name to the safetensors file holding it."""
+    index = hf_dir / INDEX_NAME
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: no weight_map", "restore the index file")
+        files = {name: hf_dir / f for name, f in weight_map.items()}
+        for f in sorted(set(files.values())):
+            if not f.is_file():
+                raise CheckpointError(f"{f}: shard named in {INDEX_NAME} is missing",
+                                      "download or copy all shards")
+        return files
+    single = hf_dir / "model.safetensors"
+    if not single.is_file():
+        found = sorted(p.name for p in hf_dir.glob("*.safetensors"))
+        hint = (f"found {found} but no {INDEX_NAME}" if found
+                else "only safetensors weights are read; save with safe_serialization=True")
+        raise CheckpointError(f"{hf_dir}: no model.safetensors", hint)
+    names = _open(single, lambda f: list(f.keys()))
+    return dict.fromkeys(names, single)
+
+
+def _open(path: Path, fn: Callable[[Any], Any]) -> Any:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return fn(f)
+    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable or truncated safetensors file ({e})",
+                              "download or copy the file again") from e
+
+
+def load_state(hf_dir: Path) -> dict[str, torch.Tensor]:
+    files = weight_files(hf_dir)
+    by_file: dict[Path, list[str]] = {}
+    for name, f in files.items():
+        by_file.setdefault(f, []).append(name)
+    state: dict[str, torch.Tensor] = {}
+    for f, names in by_file.items():
+        state.update(_open(f, lambda h, names=names, f=f: _read(h, names, f)))
+    return state
+
+
+def _read(handle: Any, names: list[str], path: Path) -> dict[str, torch.Tensor]:
+    present = set(handle.keys())
+    out = {}
+    for n in names:
+        if n not in present:
+            raise CheckpointError(f"{path}: tensor {n!r} named in the index is not in the file",
+                                  "download or copy the shard again")
+        out[n] = handle.get_tensor(n)
+    return out
+
+
+def load_weights(model: RungForCausalLM, state: dict[str, torch.Tensor], where: Path) -> None:
+    """Copy checkpoint tensors into the model, checking names and shapes."""
+    expected = dict(model.named_parameters())
+    state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
+    if model.cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise CheckpointError(
+            f"{where}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} in all)",
+            "config.json does not match the weights (architecture, bias or norm flags)")
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        hint = ("set tie_word_embeddings: true in config.json if the head is tied"
+                if missing == ["lm_head.weight"] else "the checkpoint is incomplete")
+        raise CheckpointError(f"{where}: missing tensor {missing[0]!r} ({len(missing)} in all)",
+                              hint)
+    with torch.no_grad():
+        for name, param in expected.items():
+            t = state[name]
+            if tuple(t.shape) != tuple(param.shape):
+                raise CheckpointError(
+                    f"{where}: tensor {name!r} has shape {tuple(t.shape)}, config.json implies "
+                    f"{tuple(param.shape)}", "config.json and the weights disagree")
+            param.copy_(t.to(torch.float32))
+
+
+def load_checkpoint(hf_dir: Path, max_seq: int | None = None,
+                    norm_eps: float | None = None) -> Checkpoint:
+    """Import ``hf_dir`` into an fp32 ``RungForCausalLM``.
+
+    Args:
+        hf_dir: local directory in Hugging Face layout.
+        max_seq: longest sequence the exported engine serves (default: the config's
+            max_position_embeddings, capped at 4096 and at a sliding window).
+        norm_eps: override every RMSNorm eps.
+    Raises:
+        CheckpointError: missing/corrupt files, unsupported architecture, shape mismatch.
+    """
+    hf_dir = Path(hf_dir)
+    if not hf_dir.is_dir():
+        raise CheckpointError(f"{hf_dir}: not a directory", "give a local model directory")
+    cfg = parse_config(read_json(hf_dir / "config.json"), str(hf_dir / "config.json"))
+    limit = min(cfg.max_position, cfg.sliding_window or cfg.max_position)
+    seq = min(max_seq or min(limit, 4096), limit)
+    generation = read_json(hf_dir / "generation_config.json", required=False)
+    gen_eos = generation.get("eos_token_id")
+    eos = list(cfg.eos_token_ids) + (gen_eos if isinstance(gen_eos, list)
+                                     else [] if gen_eos is None else [gen_eos])
+    try:
+        tok = read_tokenizer_spec(hf_dir, extra_eos_ids=eos)
+    except TokenizerError as e:
+        raise CheckpointError(e.message, e.hint) from e
+    model = RungForCausalLM(cfg, seq)
+    load_weights(model, load_state(hf_dir), hf_dir)
+    if norm_eps is not None:
+        model.set_norm_eps(norm_eps)
+    model.eval()
+    return Checkpoint(hf_dir, cfg, model, tok, generation)

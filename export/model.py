@@ -1,0 +1,163 @@
+"""rung's decoder in PyTorch: the reference the ONNX graph is built from and checked against.
+
+Module names follow the Hugging Face layout (``model.layers.{i}.self_attn.q_proj`` ...) so a
+checkpoint's state dict loads by name. Deployment structure:
+
+- separate ``q_proj`` / ``k_proj`` / ``v_proj`` (per-projection quantization and bias);
+- a precomputed RoPE cos/sin table ``[max_seq, head_dim]`` indexed by position;
+- each FFN has a named place for a skip gate, ``mlp.ffn_gate`` (``None`` = always run);
+- RMSNorm eps can be overridden at load.
+
+The forward pass is a plain full-sequence causal forward (no cache): exports verify the
+cached ONNX graph against it, calibration and training use it directly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from rung.export.arch import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_table(cfg: ModelConfig, max_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: [max_seq, head_dim] (halves duplicated, rotate-half convention)."""
+    inv = torch.tensor(cfg.rope.inv_freq(cfg.head_dim), dtype=torch.float64)
+    freqs = torch.outer(torch.arange(max_seq, dtype=torch.float64), inv)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().float(), emb.sin().float()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        # x: [B, S, H]; cos/sin: [B, S, D]; mask: [B, 1, S, S] additive
+        b, s, _ = x.shape
+        d, c = self.cfg.head_dim, self.cfg
+        q = self.q_proj(x).view(b, s, c.num_heads, d)
+        k = self.k_proj(x).view(b, s, c.num_kv_heads, d)
+        v = self.v_proj(x).view(b, s, c.num_kv_heads, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, S, 1, D]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, S, D]
+        k = k.repeat_interleave(c.kv_groups, dim=1)
+        v = v.repeat_interleave(c.kv_groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, c.num_heads * d))
+
+
+class FFN(nn.Module):
+    """SwiGLU feed-forward with a named place for a skip gate (``ffn_gate``)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        h, i, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+        self.ffn_gate: nn.Module | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = FFN(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class RungForCausalLM(nn.Module):
+    """The decoder plus LM head; ``lm_head`` shares the embedding when tied."""
+
+    def __init__(self, cfg: ModelConfig, max_seq: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.max_seq = max_seq
+        self.model = Decoder(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        cos, sin = rope_table(cfg, max_seq)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def set_norm_eps(self, eps: float) -> None:
+        """Override every RMSNorm's eps (some checkpoints ship a wrong value)."""
+        for m in self.modules():
+            if isinstance(m, RMSNorm):
+                m.eps = eps
+
+    def forward(self, input_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Full causal forward.
+
+        Args:
+            input_ids: [B, S] token ids, right-padded.
+            attention_mask: [B, S] 1 for real tokens (optional).
+        Returns:
+            logits [B, S, V] (float32).
+        """
+        b, s = input_ids.shape
+        if s > self.max_seq:
+            raise ValueError(f"sequence of {s} tokens exceeds max_seq {self.max_seq}")
+        pos = torch.arange(s, device=input_ids.device).expand(b, s)
+        cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+        allowed = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
+        allowed = allowed.expand(b, 1, s, s)
+        if attention_mask is not None:
+            allowed = allowed & attention_mask.bool()[:, None, None, :]
+        mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(
+            ~allowed, float("-inf"))
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask)
+        return self.lm_head(self.model.norm(x)).float()

@@ -1,0 +1,233 @@
+"""Write rung's decoder as one ONNX graph that serves prefill (S tokens) and decode (1 token).
+
+The graph is built directly from the PyTorch model's weights, in short functions, one per
+block. Its I/O contract is documented in ``rung.engines.manifest``. Attention reads the past
+from the engine's buffer (``past_key_i: [P, B, Hkv, D]``) and scores past and new keys
+separately, normalizing them together in one softmax: past and new are never concatenated
+into one KV tensor, and only the new positions leave the graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from rung.engines.manifest import TensorSpec
+from rung.export.model import RungForCausalLM, rope_table
+
+OPSET = 21
+IR_VERSION = 10
+
+
+@dataclass
+class Builder:
+    """Accumulates nodes and initializers; every op returns its output name."""
+
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    inits: list[onnx.TensorProto] = field(default_factory=list)
+    counter: int = 0
+
+    def fresh(self, hint: str) -> str:
+        self.counter += 1
+        return f"{hint}_{self.counter}"
+
+    def init(self, name: str, array: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.array(array, order="C"), name))
+        return name
+
+    def const(self, values: list[int] | list[float] | float | int, dtype: type) -> str:
+        return self.init(self.fresh("c"), np.array(values, dtype=dtype))
+
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs: object) -> str:
+        name = out or self.fresh(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [name],
+                                           name=self.fresh(f"n_{op_type}"), **attrs))
+        return name
+
+    def ops(self, op_type: str, inputs: list[str], n_out: int, **attrs: object) -> list[str]:
+        outs = [self.fresh(op_type.lower()) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs,
+                                           name=self.fresh(f"n_{op_type}"), **attrs))
+        return outs
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32).cpu().numpy()
+
+
+def linear(g: Builder, x: str, mod: torch.nn.Linear, name: str) -> str:
+    # x: [..., in] -> [..., out]; weight stored transposed [in, out] for MatMul
+    y = g.op("MatMul", x, g.init(f"{name}.weight_t", _np(mod.weight).T))
+    if mod.bias is not None:
+        y = g.op("Add", y, g.init(f"{name}.bias", _np(mod.bias)))
+    return y
+
+
+def rms_norm(g: Builder, x: str, weight: torch.Tensor, eps: float, name: str) -> str:
+    # Pow -> ReduceMean -> Add -> Sqrt -> Div -> Mul: the pattern ONNX Runtime fuses.
+    ms = g.op("ReduceMean", g.op("Pow", x, g.const(2.0, np.float32)),
+              g.const([-1], np.int64), keepdims=1)
+    y = g.op("Div", x, g.op("Sqrt", g.op("Add", ms, g.const(eps, np.float32))))
+    return g.op("Mul", y, g.init(f"{name}.weight", _np(weight)))
+
+
+def rope(g: Builder, x: str, cos: str, sin_signed: str, half: int) -> str:
+    # x: [B, S, heads, D]; cos/sin: [B, S, 1, D]; rotate_half with the sign folded into sin
+    x1, x2 = g.ops("Split", [x, g.const([half, half], np.int64)], 2, axis=-1)
+    return g.op("Add", g.op("Mul", x, cos), g.op("Mul", g.op("Concat", x2, x1, axis=-1),
+                                                 sin_signed))
+
+
+@dataclass(frozen=True)
+class Shared:
+    """Per-graph values every layer uses."""
+
+    cos: str          # [B, S, 1, D]
+    sin: str          # [B, S, 1, D]
+    bias: str         # [B, 1, G*S, P+S] additive attention mask
+    split_ps: str     # [2] = (P, S), splits the key axis into past and new
+
+
+def shared_values(g: Builder, model: RungForCausalLM) -> Shared:
+    c = model.cfg
+    cos_t, sin_t = rope_table(c, model.max_seq)
+    half = c.head_dim // 2
+    sin_signed = torch.cat([-sin_t[:, :half], sin_t[:, half:]], dim=-1)
+    axis2 = g.const([2], np.int64)
+    cos = g.op("Unsqueeze", g.op("Gather", g.init("rope_cos", _np(cos_t)), "position_ids"), axis2)
+    sin = g.op("Unsqueeze", g.op("Gather", g.init("rope_sin", _np(sin_signed)), "position_ids"),
+               axis2)
+    zero = g.const(0, np.int64)
+    one = g.const(1, np.int64)
+    p = g.op("Gather", g.op("Shape", "past_key_0"), zero, axis=0)   # scalar P
+    s = g.op("Gather", g.op("Shape", "input_ids"), one, axis=0)     # scalar S
+    kpos = g.op("Range", zero, g.op("Add", p, s), one)              # [T]
+    is_past = g.op("Less", kpos, p)
+    in_past = g.op("Less", kpos, g.op("Unsqueeze", "past_lengths", g.const([1, 2], np.int64)))
+    qpos = g.op("Unsqueeze", g.op("Range", zero, s, one), g.const([1], np.int64))  # [S, 1]
+    causal = g.op("LessOrEqual", g.op("Sub", kpos, p), qpos)                      # [S, T]
+    allowed = g.op("Or", g.op("And", is_past, in_past),                           # [B, S, T]
+                   g.op("And", g.op("Not", is_past), causal))
+    bias = g.op("Where", allowed, g.const(0.0, np.float32), g.const(-np.inf, np.float32))
+    bias = g.op("Tile", g.op("Unsqueeze", bias, g.const([1], np.int64)),
+                g.const([1, 1, c.kv_groups, 1], np.int64))                        # [B,1,G*S,T]
+    split_ps = g.op("Concat", g.op("Unsqueeze", p, g.const([0], np.int64)),
+                    g.op("Unsqueeze", s, g.const([0], np.int64)), axis=0)
+    return Shared(cos, sin, bias, split_ps)
+
+
+def attention(g: Builder, model: RungForCausalLM, i: int, x: str, sh: Shared) -> str:
+    c, layer = model.cfg, model.model.layers[i].self_attn
+    pre, d, groups = f"layers.{i}.self_attn", c.head_dim, c.kv_groups
+    q = g.op("Reshape", linear(g, x, layer.q_proj, f"{pre}.q_proj"),
+             g.const([0, 0, c.num_heads, d], np.int64))                     # [B, S, Hq, D]
+    k = g.op("Reshape", linear(g, x, layer.k_proj, f"{pre}.k_proj"),
+             g.const([0, 0, c.num_kv_heads, d], np.int64))                  # [B, S, Hkv, D]
+    v = g.op("Reshape", linear(g, x, layer.v_proj, f"{pre}.v_proj"),
+             g.const([0, 0, c.num_kv_heads, d], np.int64))
+    if layer.q_norm is not None and layer.k_norm is not None:
+        q = rms_norm(g, q, layer.q_norm.weight, layer.q_norm.eps, f"{pre}.q_norm")
+        k = rms_norm(g, k, layer.k_norm.weight, layer.k_norm.eps, f"{pre}.k_norm")
+    q = rope(g, q, sh.cos, sh.sin, d // 2)
+    k = rope(g, k, sh.cos, sh.sin, d // 2)
+    g.op("Transpose", k, perm=[1, 0, 2, 3], out=f"new_key_{i}")             # [S, B, Hkv, D]
+    g.op("Transpose", v, perm=[1, 0, 2, 3], out=f"new_value_{i}")
+    # queries grouped by kv head: [B, Hkv, G*S, D], pre-scaled by 1/sqrt(D)
+    q = g.op("Reshape", q, g.const([0, 0, c.num_kv_heads, groups, d], np.int64))
+    q = g.op("Transpose", q, perm=[0, 2, 3, 1, 4])
+    q = g.op("Mul", g.op("Reshape", q, g.const([0, 0, -1, d], np.int64)),
+             g.const(1.0 / math.sqrt(d), np.float32))
+    past_k = g.op("Transpose", f"past_key_{i}", perm=[1, 2, 3, 0])         # [B, Hkv, D, P]
+    past_v = g.op("Transpose", f"past_value_{i}", perm=[1, 2, 0, 3])       # [B, Hkv, P, D]
+    new_k = g.op("Transpose", k, perm=[0, 2, 3, 1])                         # [B, Hkv, D, S]
+    new_v = g.op("Transpose", v, perm=[0, 2, 1, 3])                         # [B, Hkv, S, D]
+    scores = g.op("Concat", g.op("MatMul", q, past_k), g.op("MatMul", q, new_k), axis=3)
+    probs = g.op("Softmax", g.op("Add", scores, sh.bias), axis=-1)         # [B, Hkv, G*S, T]
+    p_past, p_new = g.ops("Split", [probs, sh.split_ps], 2, axis=3)
+    out = g.op("Add", g.op("MatMul", p_past, past_v), g.op("MatMul", p_new, new_v))
+    out = g.op("Reshape", out, g.const([0, 0, groups, -1, d], np.int64))   # [B, Hkv, G, S, D]
+    out = g.op("Transpose", out, perm=[0, 3, 1, 2, 4])                      # [B, S, Hkv, G, D]
+    out = g.op("Reshape", out, g.const([0, 0, c.num_heads * d], np.int64))
+    return linear(g, out, layer.o_proj, f"{pre}.o_proj")
+
+
+def ffn(g: Builder, model: RungForCausalLM, i: int, x: str) -> str:
+    mlp, pre = model.model.layers[i].mlp, f"layers.{i}.mlp"
+    gate = linear(g, x, mlp.gate_proj, f"{pre}.gate_proj")
+    up = linear(g, x, mlp.up_proj, f"{pre}.up_proj")
+    act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
+    return linear(g, act, mlp.down_proj, f"{pre}.down_proj")
+
+
+def decoder_layer(g: Builder, model: RungForCausalLM, i: int, x: str, sh: Shared) -> str:
+    block, eps = model.model.layers[i], model.model.layers[i].input_layernorm.eps
+    h = rms_norm(g, x, block.input_layernorm.weight, eps, f"layers.{i}.input_layernorm")
+    x = g.op("Add", x, attention(g, model, i, h, sh))
+    h = rms_norm(g, x, block.post_attention_layernorm.weight, eps,
+                 f"layers.{i}.post_attention_layernorm")
+    return g.op("Add", x, ffn(g, model, i, h))
+
+
+def lm_head(g: Builder, model: RungForCausalLM, x: str) -> str:
+    c = model.cfg
+    # pick the scored positions: logits_index [B, K] -> hidden [B, K, H]
+    idx_shape = g.op("Shape", "logits_index")
+    idx = g.op("Expand", g.op("Unsqueeze", "logits_index", g.const([2], np.int64)),
+               g.op("Concat", idx_shape, g.const([c.hidden_size], np.int64), axis=0))
+    x = g.op("GatherElements", x, idx, axis=1)
+    x = rms_norm(g, x, model.model.norm.weight, model.model.norm.eps, "norm")
+    head = ("embed_tokens.weight" if c.tie_word_embeddings
+            else g.init("lm_head.weight", _np(model.lm_head.weight)))      # [V, H]
+    flat = g.op("Reshape", x, g.const([-1, c.hidden_size], np.int64))
+    logits = g.op("Gemm", flat, head, transB=1)
+    return g.op("Reshape", logits, g.op("Concat", idx_shape, g.const([c.vocab_size], np.int64),
+                                        axis=0), out="logits")
+
+
+def io_specs(model: RungForCausalLM, kv_dtype: str = "float32"
+             ) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    c = model.cfg
+    kv = ["P", "B", c.num_kv_heads, c.head_dim]
+    new = ["S", "B", c.num_kv_heads, c.head_dim]
+    inputs = [TensorSpec("input_ids", "int64", ["B", "S"]),
+              TensorSpec("position_ids", "int64", ["B", "S"]),
+              TensorSpec("past_lengths", "int64", ["B"]),
+              TensorSpec("logits_index", "int64", ["B", "K"])]
+    outputs = [TensorSpec("logits", "float32", ["B", "K", c.vocab_size])]
+    for i in range(c.num_layers):
+        inputs += [TensorSpec(f"past_key_{i}", kv_dtype, list(kv)),
+                   TensorSpec(f"past_value_{i}", kv_dtype, list(kv))]
+        outputs += [TensorSpec(f"new_key_{i}", kv_dtype, list(new)),
+                    TensorSpec(f"new_value_{i}", kv_dtype, list(new))]
+    return inputs, outputs
+
+
+_ONNX_TYPES = {"int64": TensorProto.INT64, "float32": TensorProto.FLOAT,
+               "float16": TensorProto.FLOAT16}
+
+
+def _value_info(spec: TensorSpec) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(spec.name, _ONNX_TYPES[spec.dtype], spec.shape)
+
+
+def build_graph(model: RungForCausalLM) -> onnx.ModelProto:
+    """The fp32 decoder graph for ``model`` (weights as initializers)."""
+    g = Builder()
+    sh = shared_values(g, model)
+    x = g.op("Gather", g.init("embed_tokens.weight", _np(model.model.embed_tokens.weight)),
+             "input_ids")                                                   # [B, S, H]
+    for i in range(model.cfg.num_layers):
+        x = decoder_layer(g, model, i, x, sh)
+    lm_head(g, model, x)
+    inputs, outputs = io_specs(model)
+    graph = helper.make_graph(g.nodes, "rung_decoder", [_value_info(t) for t in inputs],
+                              [_value_info(t) for t in outputs], initializer=g.inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="rung")
+    proto.ir_version = IR_VERSION
+    return proto
