@@ -1,0 +1,56 @@
+"""rung's runtime: engine backends behind one small interface, chosen by name.
+
+Backends are imported lazily from ``BACKENDS`` so a CPU-only install never imports a GPU
+runtime, and nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from rung.engines.errors import EngineError
+from rung.engines.kv import KVCache
+from rung.engines.manifest import Manifest, load_manifest
+
+
+class Engine(Protocol):
+    """A decoder that appends to KV caches it allocates.
+
+    ``forward(cache, tokens [B, S], n_new [B], logits_index [B, K] | None) -> logits
+    [B, K, V]``: runs the new tokens of each row against the row's cached past, writes their
+    KV into ``cache`` in place and returns the logits at the requested positions (default:
+    each row's last valid new token).
+
+    Raises:
+        EngineError: shapes do not match, the cache is full, the runtime fails.
+    """
+
+    backend: str
+    manifest: Manifest
+
+    def new_cache(self, batch: int, max_seq: int | None = None) -> KVCache: ...
+
+    def forward(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
+                logits_index: np.ndarray | None = None) -> np.ndarray: ...
+
+
+# backend name -> "module:factory"; factories take (engine_dir, manifest, options)
+BACKENDS: dict[str, str] = {
+    "onnx": "rung.engines.onnx_engine:OnnxEngine",
+}
+
+
+def load_engine(engine_dir: Path, backend: str = "onnx", options: Any = None) -> Engine:
+    """Read the manifest (checking artifact hashes) and construct the named backend."""
+    if backend not in BACKENDS:
+        raise EngineError(f"unknown engine backend {backend!r}",
+                          f"choose one of {', '.join(BACKENDS)}")
+    manifest = load_manifest(Path(engine_dir))
+    module, _, factory = BACKENDS[backend].partition(":")
+    cls = getattr(importlib.import_module(module), factory)
+    engine: Engine = cls(Path(engine_dir), manifest, options)
+    return engine

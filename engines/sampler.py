@@ -18,6 +18,7 @@ import numpy.typing as npt
 from rung.engines.errors import GenerationError
 
 _PARAMS_HINT = "fix the request's sampling parameters"
+_TOP_P_FIRST_WINDOW = 256  # candidates sorted before widening the top-p search
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,22 @@ def _softmax_candidates(
 
 def _top_p(candidates: npt.NDArray[np.intp], probs: npt.NDArray[np.float64],
            top_p: float) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
-    """Keep the most probable candidates whose cumulative probability first reaches top_p."""
-    order = np.argsort(-probs, kind="stable")
-    sorted_probs = probs[order]
-    keep = int(np.searchsorted(np.cumsum(sorted_probs), top_p, side="left")) + 1
-    keep = min(keep, order.shape[0])
-    return candidates[order[:keep]], sorted_probs[:keep]
+    """Keep the most probable candidates whose cumulative probability first reaches top_p.
+
+    Sorts only the most probable ``m`` candidates (found by partition), growing ``m`` until
+    they reach ``top_p``: the nucleus is usually small, the vocabulary is not.
+    """
+    n = len(probs)
+    m = min(n, _TOP_P_FIRST_WINDOW)
+    while True:
+        top = np.argpartition(-probs, m - 1)[:m] if m < n else np.arange(n)
+        order = top[np.argsort(-probs[top], kind="stable")]
+        cumulative = np.cumsum(probs[order])
+        keep = int(np.searchsorted(cumulative, top_p, side="left")) + 1
+        if keep <= m or m == n:
+            keep = min(keep, m)
+            return candidates[order[:keep]], probs[order[:keep]]
+        m = min(n, m * 8)
 
 
 class StopChecker:

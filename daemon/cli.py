@@ -1,0 +1,168 @@
+"""The ``rung`` command line: ``export``, ``generate``, ``demo``.
+
+Each command is a ``run_<name>(args)`` function; ``main(argv=None)`` parses and dispatches so
+tests drive commands in-process. Errors: one line on stderr naming the problem and what to
+do, exit status 1 (2 for usage errors, from argparse). The export command imports torch
+lazily: a serving box without the ``[export]`` extra still runs everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rung.engines.errors import RungError
+
+
+def _export_parser(sub: Any) -> None:
+    p = sub.add_parser("export", help="export a Hugging Face checkpoint to an engine directory")
+    p.add_argument("hf_dir", type=Path, help="local Hugging Face model directory")
+    p.add_argument("-o", "--output", type=Path, required=True, help="engine directory to write")
+    p.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "int8", "int4"])
+    p.add_argument("--kv", default="fp32", choices=["fp32", "fp16", "fp8"])
+    p.add_argument("--ffn-skip", default="off", choices=["off", "calibrate"])
+    p.add_argument("--calib-text", type=Path)
+    p.add_argument("--quality-budget", type=float)
+    p.add_argument("--target", default="onnx", choices=["onnx", "trt"])
+    p.add_argument("--max-seq", type=int, help="longest sequence served (default: min(4096, "
+                   "the model's max_position_embeddings))")
+    p.add_argument("--norm-eps", type=float, help="override the RMSNorm eps")
+    p.add_argument("--no-verify", action="store_true", help="skip the parity check (not advised)")
+
+
+def _generate_parser(sub: Any) -> None:
+    p = sub.add_parser("generate", help="generate text with an exported engine")
+    p.add_argument("engine_dir", type=Path)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="user message (chat template applied unless --raw)")
+    src.add_argument("--task", help="task name (configs/tasks)")
+    p.add_argument("--input", help="task input as a JSON object (with --task)")
+    p.add_argument("--raw", action="store_true", help="tokenize the prompt as is, no template")
+    p.add_argument("--system", help="system message for the chat template")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = default)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rung", description="edge LLM inference for PLCs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _export_parser(sub)
+    _generate_parser(sub)
+    demo = sub.add_parser("demo", help="the whole system on embedded defaults, on this machine")
+    demo.add_argument("--prompt", default="Write a motor start/stop block with an interlock.")
+    demo.add_argument("--max-tokens", type=int, default=48)
+    return parser
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from rung.engines.errors import ExportError
+
+    if args.ffn_skip != "off":
+        raise ExportError("--ffn-skip calibrate is not available in this version",
+                          "export with --ffn-skip off")
+    if args.target != "onnx":
+        raise ExportError(f"--target {args.target} is not available in this version",
+                          "export with --target onnx")
+    if args.weights not in ("fp32", "fp16") or args.kv != "fp32":
+        raise ExportError(f"--weights {args.weights} --kv {args.kv} is not available in this "
+                          "version", "use --weights fp32|fp16 --kv fp32")
+    try:
+        from rung.export.exporter import ExportOptions, export
+    except ImportError as e:
+        raise ExportError(f"the exporter needs the [export] extra ({e.name} is missing)",
+                          "pip install 'rung[export]'") from e
+    m = export(args.hf_dir, args.output, ExportOptions(
+        weights=args.weights, kv=args.kv, max_seq=args.max_seq, norm_eps=args.norm_eps,
+        verify=not args.no_verify))
+    parity = m.parity
+    verdict = ("not verified" if parity is None else
+               f"max logit error {parity.max_abs_logit_diff:.2e}, greedy agreement "
+               f"{parity.greedy_agreement:.2f}")
+    print(f"exported {m.dims.hf_architecture} to {args.output} (engine {m.engine_id}, "
+          f"{m.weights} weights, max_seq {m.dims.max_seq}; {verdict})")
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from rung.engines import load_engine
+    from rung.engines.errors import GenerationError
+    from rung.engines.generate import generate
+    from rung.engines.onnx_engine import EngineOptions
+    from rung.engines.progress import set_enabled, step
+    from rung.engines.sampler import SamplingParams
+    from rung.engines.tokenizer import Tokenizer
+
+    if args.task is not None:
+        raise GenerationError("no task definitions are installed in this version",
+                              "use --prompt")
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop))
+    set_enabled(not args.json)
+    t0 = time.perf_counter()
+    with step(f"loading engine {args.engine_dir}"):
+        engine = load_engine(args.engine_dir, "onnx", EngineOptions(threads=args.threads))
+        tok = Tokenizer.load(args.engine_dir, engine.manifest.tokenizer)
+    load_ms = (time.perf_counter() - t0) * 1000
+    if args.raw:
+        ids = tok.encode(args.prompt)
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        ids = tok.encode_chat(messages + [{"role": "user", "content": args.prompt}])
+
+    def stream(_row: int, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    (g,) = generate(engine, tok, [ids], params, on_text=None if args.json else stream)
+    timings = {"load_ms": round(load_ms, 1), "ttft_ms": round(g.ttft_ms, 1),
+               "decode_tok_s": round(g.decode_tok_s, 2)}
+    if args.json:
+        print(json.dumps({
+            "text": g.text, "token_ids": g.token_ids, "finish_reason": g.finish_reason,
+            "output": None, "validation": None, "timings": timings,
+            "prompt_tokens": g.prompt_tokens,
+            "kv": {"dtype": engine.manifest.kv.dtype,
+                   "bytes_per_token": engine.manifest.kv.bytes_per_token(engine.manifest.dims)},
+            "ffn_skip_ratio": None}, ensure_ascii=False))
+    else:
+        print()
+        print(f"rung: {g.prompt_tokens} prompt tokens, {len(g.token_ids)} generated "
+              f"({g.finish_reason}); load {timings['load_ms']} ms, ttft {timings['ttft_ms']} "
+              f"ms, decode {timings['decode_tok_s']} tok/s", file=sys.stderr)
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from rung.daemon.demo import run
+
+    return run(args.prompt, args.max_tokens)
+
+
+COMMANDS = {"export": run_export, "generate": run_generate, "demo": run_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except RungError as e:
+        print(f"rung: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("rung: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

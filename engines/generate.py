@@ -1,0 +1,126 @@
+"""The generation loop: prefill -> sample -> decode one token at a time -> stop checks.
+
+Several sequences of different lengths run as one batch: prompts are right-padded into one
+prefill, then every step feeds one token per row; a finished row idles (``n_new = 0``) and
+its cache stops growing. Each row has its own seeded sampler, so a prompt gives the same
+tokens alone or in a batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rung.engines import Engine
+from rung.engines.errors import GenerationError
+from rung.engines.sampler import Sampler, SamplingParams, StopChecker
+from rung.engines.tokenizer import StreamDecoder, Tokenizer
+
+
+@dataclass
+class Generation:
+    """One finished sequence."""
+
+    prompt_tokens: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    ttft_ms: float
+    decode_tok_s: float
+
+
+@dataclass
+class _Row:
+    sampler: Sampler
+    stream: StreamDecoder
+    stop: StopChecker
+    token_ids: list[int]
+    eos_ids: frozenset[int]
+    holdback: int
+    text: str = ""
+    emitted: int = 0
+    finish: str | None = None
+
+
+def _prefill_batch(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    lens = np.array([len(p) for p in prompts], np.int64)
+    tokens = np.zeros((len(prompts), int(lens.max())), np.int64)
+    for b, p in enumerate(prompts):
+        tokens[b, :len(p)] = p
+    return tokens, lens
+
+
+def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[int]],
+             params: SamplingParams,
+             on_text: Callable[[int, str], None] | None = None) -> list[Generation]:
+    """Generate a continuation for each prompt (token ids), batched.
+
+    Args:
+        on_text: called with (row, new text) as text becomes complete (streaming).
+    Raises:
+        GenerationError: empty prompt, or a prompt that leaves no room in the context.
+    """
+    if not prompts:
+        raise GenerationError("no prompts given")
+    max_seq = engine.manifest.dims.max_seq
+    for p in prompts:
+        if not p:
+            raise GenerationError("empty prompt", "give at least one token of input")
+        if len(p) >= max_seq:
+            raise GenerationError(f"prompt of {len(p)} tokens does not fit the engine's "
+                                  f"context of {max_seq}", "shorten the prompt")
+    eos = frozenset(tokenizer.eos_token_ids)
+    holdback = max((len(s) for s in params.stop), default=1) - 1
+    rows = [_Row(Sampler(params), tokenizer.stream(),
+                 StopChecker(eos, params.stop, min(params.max_tokens, max_seq - len(p))),
+                 [], eos, holdback)
+            for p in prompts]
+    cache = engine.new_cache(len(prompts))
+    tokens, n_new = _prefill_batch(prompts)
+    t0 = time.perf_counter()
+    logits = engine.forward(cache, tokens, n_new)
+    t_first = 0.0
+    while True:
+        for b, row in enumerate(rows):
+            if row.finish is None:
+                _advance(row, logits[b, -1], b, on_text)
+        if not t_first:
+            t_first = time.perf_counter()
+        if all(r.finish is not None for r in rows):
+            break
+        tokens = np.array([[r.token_ids[-1]] for r in rows], np.int64)
+        n_new = np.array([r.finish is None for r in rows], np.int64)
+        logits = engine.forward(cache, tokens, n_new)
+    t_end = time.perf_counter()
+    return [_result(row, len(p), t0, t_first, t_end) for row, p in zip(rows, prompts,
+                                                                        strict=True)]
+
+
+def _advance(row: _Row, logits: np.ndarray, b: int,
+             on_text: Callable[[int, str], None] | None) -> None:
+    tok = row.sampler.sample(logits)
+    row.token_ids.append(tok)
+    is_eos = tok in row.eos_ids
+    if not is_eos:
+        row.text += row.stream.push(tok)
+    row.finish = row.stop.check(tok, row.text, len(row.token_ids))
+    if row.finish is not None:
+        row.text = row.stop.truncate(row.text + ("" if is_eos else row.stream.flush()))
+        safe = len(row.text)
+    else:  # hold back what could still become a stop string
+        safe = len(row.text) - row.holdback
+    if on_text is not None and safe > row.emitted:
+        on_text(b, row.text[row.emitted:safe])
+        row.emitted = safe
+
+
+def _result(row: _Row, prompt_len: int, t0: float, t_first: float, t_end: float) -> Generation:
+    n = len(row.token_ids)
+    decode_s = t_end - t_first
+    return Generation(prompt_tokens=prompt_len, token_ids=row.token_ids, text=row.text,
+                      finish_reason=row.finish or "length",
+                      ttft_ms=(t_first - t0) * 1000.0,
+                      decode_tok_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0)

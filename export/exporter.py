@@ -1,0 +1,120 @@
+"""``rung export``: HF checkpoint -> our PyTorch model -> ONNX graph -> verified engine dir.
+
+The manifest is written last and only when verification passes: a directory with a
+manifest is a complete, verified engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from rung.engines.errors import ExportError
+from rung.engines.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    KVSpec,
+    Manifest,
+    ModelDims,
+    sha256_file,
+)
+from rung.engines.onnx_engine import OnnxEngine
+from rung.engines.progress import step
+from rung.export.checkpoint import Checkpoint, load_checkpoint
+from rung.export.onnx_graph import OPSET, build_graph, io_specs
+from rung.export.verify import verify
+
+GRAPH_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+RUNG_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    weights: str = "fp32"        # fp32 | fp16
+    kv: str = "fp32"             # fp32 (fp16/fp8 KV arrive with their own graph paths)
+    max_seq: int | None = None
+    norm_eps: float | None = None
+    verify: bool = True
+
+
+WEIGHTS = ("fp32", "fp16")
+KV = ("fp32",)
+
+
+def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
+    """Export ``hf_dir`` to ``out_dir``; returns the written manifest.
+
+    Raises:
+        CheckpointError: the checkpoint cannot be imported.
+        ExportError: unsupported option, graph/ORT failure, verification out of tolerance.
+    """
+    if opts.weights not in WEIGHTS:
+        raise ExportError(f"--weights {opts.weights} is not available",
+                          f"choose one of {', '.join(WEIGHTS)}")
+    if opts.kv not in KV:
+        raise ExportError(f"--kv {opts.kv} is not available", f"choose one of {', '.join(KV)}")
+    with step(f"loading checkpoint {hf_dir}"):
+        ckpt = load_checkpoint(hf_dir, opts.max_seq, opts.norm_eps)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until verified
+    with step(f"writing ONNX graph ({opts.weights} weights)"):
+        write_graph(ckpt, out_dir, opts.weights)
+    for name in ckpt.tokenizer.files:
+        shutil.copyfile(ckpt.path / name, out_dir / name)
+    manifest = _manifest(ckpt, out_dir, opts)
+    if opts.verify:
+        with step("verifying the graph against the PyTorch model"):
+            parity = verify(OnnxEngine(out_dir, manifest), ckpt.model, opts.weights)
+        if not parity.passed:
+            raise ExportError(
+                f"verification failed: max relative logit error {parity.max_rel_logit_diff:.2e}"
+                f", greedy agreement {parity.greedy_agreement:.2f}",
+                "the graph does not reproduce the model; report it with the checkpoint config")
+        manifest = dataclasses.replace(manifest, parity=parity)
+    manifest.save(out_dir)
+    return manifest
+
+
+def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str) -> None:
+    proto = build_graph(ckpt.model)
+    if weights == "fp16":
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+        proto = convert_float_to_float16(proto, keep_io_types=True)
+    (out_dir / DATA_FILE).unlink(missing_ok=True)  # onnx appends to an existing data file
+    try:
+        onnx.save_model(proto, str(out_dir / GRAPH_FILE), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
+    except (OSError, ValueError) as e:
+        raise ExportError(f"{out_dir}: cannot write the graph ({e})",
+                          "check disk space and permissions") from e
+
+
+def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
+    c, model = ckpt.config, ckpt.model
+    inputs, outputs = io_specs(model)
+    files = [GRAPH_FILE, DATA_FILE, *ckpt.tokenizer.files]
+    artifacts = {f: sha256_file(out_dir / f) for f in files}
+    kv = KVSpec(dtype={"fp32": "float32"}[opts.kv])
+    engine_id = hashlib.sha256(
+        f"{FORMAT_VERSION}|{artifacts[GRAPH_FILE]}|{artifacts[DATA_FILE]}|{kv}".encode()
+    ).hexdigest()[:16]
+    dims = ModelDims(
+        hf_architecture=c.architecture, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+        num_layers=c.num_layers, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+        head_dim=c.head_dim, intermediate_size=c.intermediate_size, max_seq=model.max_seq,
+        rope_theta=c.rope.theta, rms_norm_eps=model.model.norm.eps,
+        tie_word_embeddings=c.tie_word_embeddings)
+    return Manifest(
+        format_version=FORMAT_VERSION, engine_id=engine_id,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rung_version=RUNG_VERSION,
+        dims=dims, graph_file=GRAPH_FILE, opset=OPSET, inputs=inputs, outputs=outputs,
+        weights=opts.weights, kv=kv, tokenizer=ckpt.tokenizer, generation=ckpt.generation,
+        parity=None, artifacts=artifacts)
