@@ -155,7 +155,8 @@ COMMANDS = {"export": run_export, "generate": run_generate, "demo": run_demo}
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        status: int = COMMANDS[args.command](args)
+        return status
     except RungError as e:
         print(f"rung: error: {e}", file=sys.stderr)
         return 1

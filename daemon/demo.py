@@ -38,5 +38,6 @@ def run(prompt: str, max_tokens: int) -> int:
     print(f"rung demo: random-weight demo-tiny engine at {engine} (text is noise until the "
           "trained demo model ships)", file=sys.stderr)
     print(f"prompt: {prompt}\n---", file=sys.stderr)
-    return cli_main(["generate", str(engine), "--prompt", prompt, "--max-tokens",
+    status: int = cli_main(["generate", str(engine), "--prompt", prompt, "--max-tokens",
                      str(max_tokens), "--temperature", "0.8", "--seed", "0"])
+    return status

@@ -191,7 +191,7 @@ def load_manifest(engine_dir: Path, verify_artifacts: bool = True) -> Manifest:
         raise ManifestError(f"{path}: manifest format {version} is no longer supported",
                             "re-export the engine with this rung version")
     try:
-        m = _build(Manifest, raw, "manifest")
+        m: Manifest = _build(Manifest, raw, "manifest")
         m = dataclasses.replace(
             m,
             dims=_build(ModelDims, m.dims, "dims"),

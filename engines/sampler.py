@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
 from rung.engines.errors import GenerationError
 
 _PARAMS_HINT = "fix the request's sampling parameters"
@@ -152,13 +153,13 @@ def _top_p(candidates: npt.NDArray[np.intp], probs: npt.NDArray[np.float64],
     m = min(n, _TOP_P_FIRST_WINDOW)
     while True:
         top = np.argpartition(-probs, m - 1)[:m] if m < n else np.arange(n)
-        order = top[np.argsort(-probs[top], kind="stable")]
+        order = top[np.argsort(-probs[top])]
         cumulative = np.cumsum(probs[order])
         keep = int(np.searchsorted(cumulative, top_p, side="left")) + 1
         if keep <= m or m == n:
             keep = min(keep, m)
             return candidates[order[:keep]], probs[order[:keep]]
-        m = min(n, m * 8)
+        m = m * 16 if m * 16 < n // 4 else n
 
 
 class StopChecker:

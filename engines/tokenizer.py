@@ -18,9 +18,10 @@ from typing import Any, NoReturn
 import jinja2
 import jinja2.ext
 import jinja2.sandbox
+from tokenizers import Tokenizer as _HFTokenizer
+
 from rung.engines.errors import TokenizerError
 from rung.engines.manifest import TokenizerSpec
-from tokenizers import Tokenizer as _HFTokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"

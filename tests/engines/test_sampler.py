@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from rung.engines.errors import GenerationError
 from rung.engines.sampler import Sampler, SamplingParams, StopChecker
 

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from rung.engines.errors import TokenizerError
 from rung.engines.manifest import TokenizerSpec
 from rung.engines.tokenizer import Tokenizer, read_tokenizer_spec
-
 from tests.engines.tiny_tokenizer import (
     ASSISTANT,
     BOS,
