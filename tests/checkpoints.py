@@ -1,0 +1,57 @@
+"""Tiny random Hugging Face checkpoints, one per supported architecture, built in code.
+
+Saved with transformers' ``save_pretrained`` plus a real tiny tokenizer, exactly as a user's
+checkpoint directory looks. No download anywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.engines.tiny_tokenizer import build_tiny_tokenizer
+
+VOCAB = 300
+EOS_ID = 1  # <|eos|> in the tiny tokenizer
+COMMON: dict[str, Any] = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    initializer_range=0.2, bos_token_id=0, eos_token_id=EOS_ID, pad_token_id=2)
+
+# architecture -> (config class name, model class name, extra config)
+CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        tie_word_embeddings=False, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(
+        tie_word_embeddings=False, sliding_window=None, num_key_value_heads=1)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True,
+                                                      rope_theta=1000000.0)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True, head_dim=32)),
+}
+
+
+def build_hf_model(arch: str, seed: int = 0) -> Any:
+    import transformers
+
+    cfg_name, model_name, extra = CASES[arch]
+    cfg = getattr(transformers, cfg_name)(**{**COMMON, **extra})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(cfg).eval()
+    if arch == "qwen2":  # large key bias: the outlier pattern later FP8 work must survive
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.k_proj.bias.normal_(0.0, 2.0)
+    return model
+
+
+def save_checkpoint(arch: str, path: Path, seed: int = 0, **save_kwargs: Any) -> Any:
+    """Build, save (``save_pretrained``) and return the transformers model."""
+    model = build_hf_model(arch, seed)
+    model.generation_config.eos_token_id = EOS_ID
+    model.save_pretrained(path, **save_kwargs)
+    build_tiny_tokenizer(path, vocab_size=VOCAB)
+    return model

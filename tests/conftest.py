@@ -1,0 +1,34 @@
+"""Shared fixtures: tiny checkpoints and their exported engines, built once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.checkpoints import CASES, save_checkpoint
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
+    """arch -> (checkpoint dir, transformers model)."""
+    out = {}
+    for arch in CASES:
+        path = tmp_path_factory.mktemp(f"hf-{arch}")
+        out[arch] = (path, save_checkpoint(arch, path))
+    return out
+
+
+@pytest.fixture(scope="session")
+def engines(checkpoints: dict[str, tuple[Path, Any]],
+            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """arch -> exported fp32 engine dir (verified by the exporter)."""
+    from rung.export.exporter import ExportOptions, export
+
+    out = {}
+    for arch, (path, _) in checkpoints.items():
+        engine_dir = tmp_path_factory.mktemp(f"engine-{arch}")
+        export(path, engine_dir, ExportOptions(max_seq=128))
+        out[arch] = engine_dir
+    return out

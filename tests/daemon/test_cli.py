@@ -1,0 +1,120 @@
+"""``rung export`` / ``rung generate`` as users run them: output forms, error lines, and a
+serving path that never imports torch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rung.daemon.cli import main
+from rung.engines.manifest import FORMAT_VERSION
+
+pytestmark = pytest.mark.integration
+
+
+def _rung(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rung.daemon", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_export_then_generate_json(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "engine"
+    assert main(["export", str(checkpoints["qwen3"][0]), "-o", str(out), "--max-seq", "96"]) == 0
+    assert "greedy agreement 1.00" in capsys.readouterr().out
+    assert main(["generate", str(out), "--prompt", "The pump is running.", "--max-tokens", "9",
+                 "--json"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # exactly one JSON object on stdout
+    assert set(doc) >= {"text", "token_ids", "finish_reason", "output", "validation",
+                        "timings", "ffn_skip_ratio"}
+    assert set(doc["timings"]) == {"load_ms", "ttft_ms", "decode_tok_s"}
+    assert doc["finish_reason"] in ("stop", "length") and 1 <= len(doc["token_ids"]) <= 9
+    assert doc["kv"]["bytes_per_token"] > 0
+    assert captured.err == ""  # --json keeps stderr quiet
+
+
+def test_generate_streams_text(engines: dict[str, Path],
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", str(engines["llama"]), "--prompt", "Öl", "--raw",
+                 "--max-tokens", "5", "--temperature", "0.7", "--seed", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "generated" in captured.err and "tok/s" in captured.err
+
+
+def test_serving_path_never_imports_torch(engines: dict[str, Path]) -> None:
+    code = (
+        "import sys\n"
+        "from rung.daemon.cli import main\n"
+        f"rc = main(['generate', {str(engines['qwen2'])!r}, '--prompt', 'hi', "
+        "'--max-tokens', '4', '--json'])\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'transformers', 'rung') and (m.startswith(('torch', 'transformers')) "
+        "or m.startswith('rung.export')))\n"
+        "print('LEAK', bad) if bad else print('CLEAN', rc)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "CLEAN 0", r.stdout + r.stderr
+
+
+def _assert_one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("rung: error: ")
+    for n in needles:
+        assert n in lines[-1], lines[-1]
+
+
+@pytest.fixture
+def broken_ckpt(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path) -> Path:
+    dst = tmp_path / "hf"
+    shutil.copytree(checkpoints["mistral"][0], dst)
+    return dst
+
+
+def test_error_unsupported_architecture(broken_ckpt: Path, tmp_path: Path) -> None:
+    cfg = json.loads((broken_ckpt / "config.json").read_text())
+    cfg["architectures"] = ["FalconForCausalLM"]
+    (broken_ckpt / "config.json").write_text(json.dumps(cfg))
+    _assert_one_line_error(_rung("export", str(broken_ckpt), "-o", str(tmp_path / "e")),
+                           "FalconForCausalLM", "not supported", "config.json")
+
+
+def test_error_missing_tokenizer(broken_ckpt: Path, tmp_path: Path) -> None:
+    (broken_ckpt / "tokenizer.json").unlink()
+    _assert_one_line_error(_rung("export", str(broken_ckpt), "-o", str(tmp_path / "e")),
+                           "tokenizer.json")
+
+
+def test_error_truncated_safetensors(broken_ckpt: Path, tmp_path: Path) -> None:
+    f = broken_ckpt / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])
+    _assert_one_line_error(_rung("export", str(broken_ckpt), "-o", str(tmp_path / "e")),
+                           "model.safetensors", "truncated")
+
+
+def test_error_newer_manifest(engines: dict[str, Path], tmp_path: Path) -> None:
+    dst = tmp_path / "engine"
+    shutil.copytree(engines["llama"], dst)
+    m = json.loads((dst / "manifest.json").read_text())
+    m["format_version"] = FORMAT_VERSION + 1
+    (dst / "manifest.json").write_text(json.dumps(m))
+    _assert_one_line_error(_rung("generate", str(dst), "--prompt", "x"), "newer", "upgrade")
+
+
+def test_error_bad_sampling_value(engines: dict[str, Path]) -> None:
+    _assert_one_line_error(_rung("generate", str(engines["llama"]), "--prompt", "x",
+                                 "--top-p", "1.5"), "top_p")
+
+
+def test_error_options_of_later_versions(checkpoints: dict[str, tuple[Path, Any]],
+                                         tmp_path: Path) -> None:
+    _assert_one_line_error(_rung("export", str(checkpoints["llama"][0]), "-o",
+                                 str(tmp_path / "e"), "--target", "trt"), "--target trt")

@@ -1,0 +1,80 @@
+"""The manifest contract: versioning, malformed files and artifact checksums."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rung.engines.errors import ManifestError
+from rung.engines.manifest import FORMAT_VERSION, load_manifest
+
+
+@pytest.fixture
+def engine_dir(engines: dict[str, Path], tmp_path: Path) -> Path:
+    dst = tmp_path / "engine"
+    shutil.copytree(engines["qwen2"], dst)
+    return dst
+
+
+def _edit(engine_dir: Path, fn: object) -> None:
+    path = engine_dir / "manifest.json"
+    data = json.loads(path.read_text())
+    fn(data)  # type: ignore[operator]
+    path.write_text(json.dumps(data))
+
+
+def test_round_trip(engine_dir: Path) -> None:
+    m = load_manifest(engine_dir)
+    assert m.format_version == FORMAT_VERSION and len(m.engine_id) == 16
+    assert m.kv.dtype == "float32" and m.kv.layout == "position_major_SBHD"
+    assert [t.name for t in m.inputs[:4]] == ["input_ids", "position_ids", "past_lengths",
+                                              "logits_index"]
+    assert m.to_json() == load_manifest(engine_dir).to_json()
+
+
+def test_newer_format_version(engine_dir: Path) -> None:
+    _edit(engine_dir, lambda d: d.update(format_version=FORMAT_VERSION + 1))
+    with pytest.raises(ManifestError, match="newer than this rung understands") as e:
+        load_manifest(engine_dir)
+    assert "upgrade rung" in str(e.value)
+
+
+def test_missing_manifest(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="no manifest"):
+        load_manifest(tmp_path)
+
+
+def test_not_json(engine_dir: Path) -> None:
+    (engine_dir / "manifest.json").write_text("{")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        load_manifest(engine_dir)
+
+
+def test_missing_key_is_named(engine_dir: Path) -> None:
+    _edit(engine_dir, lambda d: d["dims"].pop("head_dim"))
+    with pytest.raises(ManifestError, match="'dims' lacks key 'head_dim'"):
+        load_manifest(engine_dir)
+
+
+def test_unknown_key_is_named(engine_dir: Path) -> None:
+    _edit(engine_dir, lambda d: d["kv"].update(bits=3))
+    with pytest.raises(ManifestError, match="'kv' has unknown key 'bits'"):
+        load_manifest(engine_dir)
+
+
+def test_corrupt_artifact_detected(engine_dir: Path) -> None:
+    data = engine_dir / "model.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(ManifestError, match="sha256 differs"):
+        load_manifest(engine_dir)
+
+
+def test_missing_artifact(engine_dir: Path) -> None:
+    (engine_dir / "tokenizer.json").unlink()
+    with pytest.raises(ManifestError, match="listed in the manifest but missing"):
+        load_manifest(engine_dir)
