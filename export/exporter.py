@@ -87,7 +87,7 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str) -> None:
     proto = build_graph(ckpt.model)
     if weights == "fp16":
         from onnxruntime.transformers.float16 import convert_float_to_float16
-        proto = convert_float_to_float16(proto, keep_io_types=True)
+        proto = convert_float_to_float16(proto, keep_io_types=True, disable_shape_infer=True)
     (out_dir / DATA_FILE).unlink(missing_ok=True)  # onnx appends to an existing data file
     try:
         onnx.save_model(proto, str(out_dir / GRAPH_FILE), save_as_external_data=True,
