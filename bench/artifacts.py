@@ -1,0 +1,133 @@
+"""Benchmark artifacts: a random-weight checkpoint and its two exports, built once and cached.
+
+Layout under ``$RUNG_CACHE/bench/<preset>/`` (default ``~/.cache/rung/bench/<preset>/``):
+
+    hf/              the Hugging Face checkpoint (rung.export.presets.make_random_checkpoint)
+    rung-fp32/       ``rung export`` of it (fp32 weights)
+    ortgenai-fp32/   onnxruntime-genai's builder output (``-p fp32 -e cpu``)
+    logs/            one log per build step
+
+Each step runs in its own process (so the parent never holds torch or 2 GB of weights),
+writes into ``<name>.tmp`` and renames on success: a directory without ``.tmp`` is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# longest sequence the rung engine is exported for, per preset
+MAX_SEQ = {"qwen2.5-0.5b": 2048, "demo-tiny": 1024}
+KINDS = ("hf", "rung", "ortgenai")
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    preset: str
+    root: Path
+
+    @property
+    def hf(self) -> Path:
+        return self.root / "hf"
+
+    @property
+    def rung(self) -> Path:
+        return self.root / "rung-fp32"
+
+    @property
+    def ortgenai(self) -> Path:
+        return self.root / "ortgenai-fp32"
+
+    def path(self, kind: str) -> Path:
+        return {"hf": self.hf, "rung": self.rung, "ortgenai": self.ortgenai}[kind]
+
+    def log(self, kind: str) -> Path:
+        return self.root / "logs" / f"build-{kind}.log"
+
+
+def cache_root() -> Path:
+    """``$RUNG_CACHE`` or ``~/.cache/rung``, plus ``bench``."""
+    base = os.environ.get("RUNG_CACHE") or str(Path.home() / ".cache" / "rung")
+    return Path(base).expanduser() / "bench"
+
+
+def locate(preset: str) -> Artifacts:
+    return Artifacts(preset, cache_root() / preset)
+
+
+def is_built(art: Artifacts, kind: str) -> bool:
+    d = art.path(kind)
+    marker = {"hf": "model.safetensors", "rung": "manifest.json",
+              "ortgenai": "genai_config.json"}[kind]
+    return (d / marker).is_file()
+
+
+def build_command(art: Artifacts, kind: str, tmp: Path) -> list[str]:
+    """The process that builds ``kind`` into ``tmp``."""
+    if kind == "ortgenai":
+        return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(art.hf),
+                "-o", str(tmp), "-p", "fp32", "-e", "cpu", "-c", str(art.root / "ortgenai-cache")]
+    return [sys.executable, str(Path(__file__).resolve()), kind, art.preset, str(tmp)]
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def build(art: Artifacts, kind: str) -> None:
+    """Build one artifact unless present; on failure raise with the log's tail."""
+    if is_built(art, kind):
+        return
+    final, log = art.path(kind), art.log(kind)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"bench: building {kind} -> {final} (log: {log})", file=sys.stderr, flush=True)
+    with open(log, "w") as f:
+        rc = subprocess.run(build_command(art, kind, tmp), stdout=f, stderr=subprocess.STDOUT,
+                            check=False).returncode
+    if rc != 0 or not (tmp / "genai_config.json" if kind == "ortgenai" else tmp).exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        raise BuildError(f"building {kind} failed (exit {rc}); see {log}\n{tail}")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+
+
+def ensure(preset: str) -> tuple[Artifacts, dict[str, str]]:
+    """Build what is missing; returns the artifacts and ``kind -> error`` for failed steps."""
+    art = locate(preset)
+    errors: dict[str, str] = {}
+    for kind in KINDS:
+        if kind != "hf" and "hf" in errors:
+            errors[kind] = "no checkpoint to build from"
+            continue
+        try:
+            build(art, kind)
+        except BuildError as e:
+            print(f"bench: {e}", file=sys.stderr, flush=True)
+            errors[kind] = str(e).splitlines()[0]
+    return art, errors
+
+
+# -- build steps, run as ``python bench/artifacts.py KIND PRESET OUT`` ----------------------
+def _build_hf(preset: str, out: Path) -> None:
+    from rung.export.presets import make_random_checkpoint
+
+    make_random_checkpoint(preset, out, seed=0)
+
+
+def _build_rung(preset: str, out: Path) -> None:
+    from rung.export.exporter import ExportOptions, export
+
+    manifest = export(locate(preset).hf, out,
+                      ExportOptions(weights="fp32", max_seq=MAX_SEQ[preset]))
+    print(f"exported engine {manifest.engine_id}; parity {manifest.parity}")
+
+
+if __name__ == "__main__":
+    step, preset_name, out_dir = sys.argv[1:4]
+    {"hf": _build_hf, "rung": _build_rung}[step](preset_name, Path(out_dir))

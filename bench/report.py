@@ -1,0 +1,90 @@
+"""The benchmark record rendered: a markdown table and a grouped bar chart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+BASELINE = "ortgenai"
+
+
+def _decode(res: dict[str, Any], ctx: int) -> float | None:
+    d = res.get("decode", {}).get(str(ctx))
+    return None if d is None else float(d["tok_s"])
+
+
+def _fmt(x: float | None, spec: str = ".1f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _ratio(res: dict[str, Any], base: dict[str, Any] | None, ctx: int) -> str:
+    mine, theirs = _decode(res, ctx), None if base is None else _decode(base, ctx)
+    return "n/a" if mine is None or not theirs else f"{mine / theirs:.2f}x"
+
+
+def table(record: dict[str, Any]) -> str:
+    """engine | prefill tok/s | TTFT | decode @ each context | decode ratio to ortgenai."""
+    w = record["workload"]
+    c = w["contexts"]
+    head = (f"| engine | prefill tok/s ({w['prompt']}) | TTFT ms ({w['prompt']}) | "
+            + " | ".join(f"decode tok/s @{x}" for x in c)
+            + f" | decode vs {BASELINE} ({' / '.join(f'@{x}' for x in c)}) |")
+    rows = [head, "|" + "---|" * (4 + len(c))]
+    base = record["results"].get(BASELINE)
+    base = None if base is None or "error" in base else base
+    for name, res in record["results"].items():
+        if "error" in res:
+            rows.append(f"| {name} | failed: {res['error']} |" + " |" * (2 + len(c)))
+            continue
+        pre = res["prefill"]
+        rows.append(f"| {name} | {pre['tok_s']:.1f} | {pre['ttft_ms']:.0f} | "
+                    + " | ".join(_fmt(_decode(res, x)) for x in c) + " | "
+                    + " / ".join(_ratio(res, base, x) for x in c) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _gib(m: dict[str, Any]) -> str:
+    kb = str(m.get("mem_total") or "").split()
+    return f"{int(kb[0]) / 2**20:.0f} GiB" if kb and kb[0].isdigit() else "? GiB"
+
+
+def markdown(record: dict[str, Any]) -> str:
+    m, w = record["machine"], record["workload"]
+    v = ", ".join(f"{k} {val}" for k, val in m["versions"].items())
+    return (f"# rung benchmark {record['stamp']} ({record['model']}, fp32, greedy)\n\n"
+            f"Command: `{record['command']}`\n\n"
+            f"Machine: {m['cpu_model']}, {m['cpus_usable']} usable cores, {_gib(m)} RAM; "
+            f"{w['threads']} threads per engine.\n\nVersions: {v}.\n\n"
+            f"Median of {w['reps']} repetitions; decode = {w['steps']} greedy steps after "
+            f"prefilling the stated context.\n\n" + table(record))
+
+
+def plot(record: dict[str, Any], path: Path) -> None:
+    """Two panels of grouped bars: prefill tok/s, and decode tok/s per context."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = {k: r for k, r in record["results"].items() if "error" not in r}
+    ctxs = record["workload"]["contexts"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2),
+                                   gridspec_kw={"width_ratios": [1, len(ctxs)]})
+    width = 0.8 / max(len(ok), 1)
+    for i, (name, res) in enumerate(ok.items()):
+        bars = ax1.bar([i * width], [res["prefill"]["tok_s"]], width, label=name)
+        ax1.bar_label(bars, fmt="%.0f", fontsize=8)
+        xs = [j + i * width for j in range(len(ctxs))]
+        bars = ax2.bar(xs, [_decode(res, c) or 0.0 for c in ctxs], width, label=name)
+        ax2.bar_label(bars, fmt="%.1f", fontsize=8)
+    ax1.set_xticks([width * (len(ok) - 1) / 2], [f"prompt {record['workload']['prompt']}"])
+    ax1.set_title("prefill (tokens/s)")
+    ax2.set_xticks([j + width * (len(ok) - 1) / 2 for j in range(len(ctxs))],
+                   [f"context {c}" for c in ctxs])
+    ax2.set_title("decode (tokens/s)")
+    ax2.legend()
+    fig.suptitle(f"{record['model']} fp32, {record['workload']['threads']} threads, "
+                 f"{record['machine']['cpu_model']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

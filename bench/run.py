@@ -1,0 +1,138 @@
+"""``make bench``: rung vs transformers vs onnxruntime-genai on one fp32 checkpoint.
+
+Builds the cached artifacts (bench/artifacts.py), runs each engine in its own process
+(``run.py --worker ENGINE``, bench/workers.py) one after another, and writes
+``<out>/<date>-fp32.{json,md,png}`` (bench/report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import artifacts
+import machine
+import report
+import workers
+
+ENGINES = ("rung", "hf", "ortgenai")
+ARTIFACT = {"rung": "rung", "hf": "hf", "ortgenai": "ortgenai"}  # engine -> artifact kind
+RESULTS = Path(__file__).resolve().parent / "results"
+QUICK = dict(preset="demo-tiny", prompt=128, contexts="64,256", steps=8, reps=1)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset")
+    p.add_argument("--reps", type=int, default=3, help="repetitions; the median is reported")
+    p.add_argument("--steps", type=int, default=32, help="decode steps timed per run")
+    p.add_argument("--prompt", type=int, default=512, help="prefill / TTFT prompt length")
+    p.add_argument("--contexts", default="128,1024", help="decode contexts, comma-separated")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads per engine")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt ids")
+    p.add_argument("--preset", default="qwen2.5-0.5b", help="rung.export.presets name")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: demo-tiny preset, short contexts, 1 repetition")
+    p.add_argument("--out", type=Path, default=RESULTS, help="directory for the results")
+    p.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
+    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        given = set(argv if argv is not None else sys.argv[1:])
+        for key, value in QUICK.items():
+            if f"--{key}" not in given:
+                setattr(args, key, value)
+    return args
+
+
+def workload(args: argparse.Namespace) -> workers.Workload:
+    return workers.Workload(prompt=args.prompt,
+                            contexts=[int(c) for c in str(args.contexts).split(",")],
+                            steps=args.steps, reps=args.reps, seed=args.seed,
+                            threads=args.threads)
+
+
+def vocab_size(art: artifacts.Artifacts) -> int:
+    return int(json.loads((art.hf / "config.json").read_text())["vocab_size"])
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    art = artifacts.locate(args.preset)
+    res = workers.run_worker(args.worker, art.path(ARTIFACT[args.worker]), vocab_size(art),
+                             workload(args))
+    args.result.write_text(json.dumps(res, indent=2))
+
+
+def spawn_worker(engine: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Run one engine in a fresh process; its JSON, or ``{"error": ...}``."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine,
+           "--result", str(tmp), "--preset", args.preset, "--prompt", str(args.prompt),
+           "--contexts", str(args.contexts), "--steps", str(args.steps),
+           "--reps", str(args.reps), "--threads", str(args.threads), "--seed", str(args.seed)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
+               MKL_NUM_THREADS=str(args.threads))
+    print(f"bench: measuring {engine} ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.run(cmd, env=env, check=False).returncode
+    if rc != 0 or not tmp.is_file():
+        return {"error": f"worker exited with status {rc}"}
+    res: dict[str, Any] = json.loads(tmp.read_text())
+    tmp.unlink()
+    print(f"bench: {engine} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+          flush=True)
+    return res
+
+
+def measure_all(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
+    _, errors = artifacts.ensure(args.preset)
+    os.sync()  # a fresh build leaves GBs of dirty pages; don't time their write-back
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    for engine in engines:
+        if ARTIFACT[engine] in errors:
+            results[engine] = {"error": f"build failed: {errors[ARTIFACT[engine]]}"}
+            continue
+        results[engine] = spawn_worker(engine, args, args.out / f".worker-{engine}.tmp")
+    return results
+
+
+def write_outputs(record: dict[str, Any], out: Path) -> Path:
+    stem = out / record["stamp"]
+    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(report.markdown(record))
+    report.plot(record, stem.with_suffix(".png"))
+    return stem
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        worker_main(args)
+        return 0
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        sys.exit(f"bench: unknown engine {unknown[0]!r}; choose from {', '.join(ENGINES)}")
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    results = measure_all(args, engines)
+    stamp = time.strftime("%Y-%m-%d") + "-fp32" + ("-quick" if args.quick else "")
+    record = {"stamp": stamp, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "command": shlex.join(sys.orig_argv), "cwd": os.getcwd(), "model": args.preset,
+              "weights": "fp32", "workload": vars(workload(args)),
+              "artifacts": str(artifacts.locate(args.preset).root),
+              "machine": machine.machine_info(), "results": results}
+    stem = write_outputs(record, args.out)
+    print(report.table(record))
+    print(f"bench: wrote {stem}.json, .md, .png", file=sys.stderr)
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Per-engine measurements: one engine per process, greedy decoding, wall-clock timings.
+
+Every engine is driven through the same three calls, so the timed regions match:
+
+    reset(max_len)   fresh KV state for one sequence (untimed)
+    prefill(ids)     run the prompt and pick the first token by argmax (timed: prefill, TTFT)
+    step(token)      run one token against the cache and pick the next one (timed: decode)
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+WARMUP_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompt: int          # prefill / TTFT prompt length
+    contexts: list[int]  # decode is measured after prefilling this many tokens
+    steps: int           # decode steps timed per measurement
+    reps: int            # repetitions; the median is reported
+    seed: int
+    threads: int
+
+
+class Runner(Protocol):
+    def reset(self, max_len: int) -> None: ...
+    def prefill(self, ids: np.ndarray) -> int: ...
+    def step(self, token: int) -> int: ...
+
+
+def token_ids(seed: int, vocab: int, n: int) -> np.ndarray:
+    """The shared random prompt: the same ``n`` ids for every engine."""
+    return np.random.default_rng(seed).integers(0, vocab, size=n, dtype=np.int64)
+
+
+# -- engines ---------------------------------------------------------------------------------
+class RungRunner:
+    """rung's OnnxEngine, called directly (no daemon, no sampler)."""
+
+    def __init__(self, engine_dir: Path, threads: int) -> None:
+        from rung.engines import load_engine
+        from rung.engines.onnx_engine import EngineOptions
+
+        self.engine = load_engine(engine_dir, "onnx", EngineOptions(threads=threads))
+        self.cache: Any = None
+
+    def reset(self, max_len: int) -> None:
+        self.cache = None
+        self.cache = self.engine.new_cache(1, max_len)
+
+    def _run(self, ids: np.ndarray) -> int:
+        logits = self.engine.forward(self.cache, ids[None, :], np.array([len(ids)], np.int64))
+        return int(logits[0, -1].argmax())
+
+    def prefill(self, ids: np.ndarray) -> int:
+        return self._run(ids)
+
+    def step(self, token: int) -> int:
+        return self._run(np.array([token], np.int64))
+
+
+class HfRunner:
+    """transformers, eager attention, fp32, manual loop over ``past_key_values``."""
+
+    def __init__(self, hf_dir: Path, threads: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(
+            hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+        # transformers 5.x renamed ``past_key_values`` to ``cache``
+        params = inspect.signature(self.model.forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.past: Any = None
+
+    def reset(self, max_len: int) -> None:
+        self.past = None
+
+    def _run(self, ids: np.ndarray) -> int:
+        with self.torch.inference_mode():
+            out = self.model(input_ids=self.torch.from_numpy(ids)[None, :], use_cache=True,
+                             logits_to_keep=1, **{self.cache_arg: self.past})
+        self.past = getattr(out, self.cache_arg)
+        return int(out.logits[0, -1].argmax())
+
+    def prefill(self, ids: np.ndarray) -> int:
+        return self._run(ids)
+
+    def step(self, token: int) -> int:
+        return self._run(np.array([token], np.int64))
+
+
+class GenaiRunner:
+    """onnxruntime-genai: ``append_tokens`` runs the prompt, ``generate_next_token`` picks a
+    token (right after ``append_tokens`` it only selects; afterwards it first runs the
+    previously selected token through the model, then selects)."""
+
+    def __init__(self, model_dir: Path, threads: int) -> None:
+        import onnxruntime_genai as og
+
+        self.og = og
+        config = og.Config(str(model_dir))
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+        self.model = og.Model(config)
+        self.gen: Any = None
+
+    def reset(self, max_len: int) -> None:
+        self.gen = None
+        params = self.og.GeneratorParams(self.model)
+        # min_length = max_length: an EOS never ends the run early (random weights)
+        params.set_search_options(max_length=max_len, min_length=max_len, do_sample=False)
+        self.gen = self.og.Generator(self.model, params)
+
+    def _next(self) -> int:
+        self.gen.generate_next_token()
+        return int(self.gen.get_next_tokens()[0])
+
+    def prefill(self, ids: np.ndarray) -> int:
+        self.gen.append_tokens(ids.astype(np.int32))
+        return self._next()
+
+    def step(self, token: int) -> int:
+        return self._next()  # greedy: the generator feeds the token it selected itself
+
+
+RUNNERS: dict[str, Any] = {"rung": RungRunner, "hf": HfRunner, "ortgenai": GenaiRunner}
+
+
+# -- measurement -----------------------------------------------------------------------------
+def time_prefill(runner: Runner, ids: np.ndarray) -> float:
+    runner.reset(len(ids) + 1)
+    t0 = time.perf_counter()
+    runner.prefill(ids)
+    return time.perf_counter() - t0
+
+
+def time_decode(runner: Runner, ids: np.ndarray, steps: int) -> tuple[float, list[int]]:
+    """Prefill ``ids`` (untimed), then time ``steps`` greedy decode steps."""
+    runner.reset(len(ids) + steps + 1)
+    tokens = [runner.prefill(ids)]
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tokens.append(runner.step(tokens[-1]))
+    return time.perf_counter() - t0, tokens
+
+
+def warm_up(runner: Runner, ids: np.ndarray) -> None:
+    time_decode(runner, ids[:WARMUP_TOKENS], 2)
+
+
+def summarize(times: list[float], tokens: int) -> dict[str, Any]:
+    med = statistics.median(times)
+    return {"times_s": times, "median_s": med, "tok_s": tokens / med}
+
+
+def measure(runner: Runner, ids: np.ndarray, w: Workload) -> dict[str, Any]:
+    warm_up(runner, ids)
+    pre = [time_prefill(runner, ids[:w.prompt]) for _ in range(w.reps)]
+    prefill = dict(summarize(pre, w.prompt), tokens=w.prompt)
+    prefill["ttft_ms"] = prefill["median_s"] * 1e3
+    decode: dict[str, Any] = {}
+    for ctx in w.contexts:
+        runs = [time_decode(runner, ids[:ctx], w.steps) for _ in range(w.reps)]
+        decode[str(ctx)] = dict(summarize([t for t, _ in runs], w.steps), context=ctx,
+                                steps=w.steps, greedy_tokens=runs[0][1])
+        decode[str(ctx)]["ms_per_token"] = decode[str(ctx)]["median_s"] / w.steps * 1e3
+    return {"prefill": prefill, "decode": decode}
+
+
+def run_worker(engine: str, model_dir: Path, vocab: int, w: Workload) -> dict[str, Any]:
+    """Load ``engine`` from ``model_dir`` and measure ``w``; everything JSON-ready."""
+    cls = RUNNERS[engine]
+    ids = token_ids(w.seed, vocab, max([w.prompt, *w.contexts]))
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    runner = cls(model_dir, w.threads)
+    load_s = time.perf_counter() - t0
+    result = measure(runner, ids, w)
+    return dict(engine=engine, model_dir=str(model_dir), workload=asdict(w), load_s=load_s,
+                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                loadavg_1m=[load0, os.getloadavg()[0]], **result)
