@@ -3,7 +3,9 @@
 Layout under ``$RUNG_CACHE/bench/<preset>/`` (default ``~/.cache/rung/bench/<preset>/``):
 
     hf/              the Hugging Face checkpoint (rung.export.presets.make_random_checkpoint)
-    rung-fp32/       ``rung export`` of it (fp32 weights)
+    rung-fp32/       ``rung export`` of it (fp32 weights, fp32 KV)
+    rung-fp32-kv16/  the same with an fp16 KV cache
+    rung-fp32-kv8/   the same with an fp8 (e4m3, per-token-per-head scales) KV cache
     ortgenai-fp32/   onnxruntime-genai's builder output (``-p fp32 -e cpu``)
     logs/            one log per build step
 
@@ -22,7 +24,9 @@ from pathlib import Path
 
 # longest sequence the rung engine is exported for, per preset
 MAX_SEQ = {"qwen2.5-0.5b": 2048, "demo-tiny": 1024}
-KINDS = ("hf", "rung", "ortgenai")
+# rung artifact kind -> ``rung export --kv``
+RUNG_KV = {"rung": "fp32", "rung-kv16": "fp16", "rung-kv8": "fp8"}
+KINDS = ("hf", *RUNG_KV, "ortgenai")
 
 
 @dataclass(frozen=True)
@@ -35,15 +39,14 @@ class Artifacts:
         return self.root / "hf"
 
     @property
-    def rung(self) -> Path:
-        return self.root / "rung-fp32"
-
-    @property
     def ortgenai(self) -> Path:
         return self.root / "ortgenai-fp32"
 
     def path(self, kind: str) -> Path:
-        return {"hf": self.hf, "rung": self.rung, "ortgenai": self.ortgenai}[kind]
+        if kind in RUNG_KV:
+            kv = RUNG_KV[kind]
+            return self.root / ("rung-fp32" if kv == "fp32" else f"rung-fp32-kv{kv[2:]}")
+        return {"hf": self.hf, "ortgenai": self.ortgenai}[kind]
 
     def log(self, kind: str) -> Path:
         return self.root / "logs" / f"build-{kind}.log"
@@ -61,8 +64,8 @@ def locate(preset: str) -> Artifacts:
 
 def is_built(art: Artifacts, kind: str) -> bool:
     d = art.path(kind)
-    marker = {"hf": "model.safetensors", "rung": "manifest.json",
-              "ortgenai": "genai_config.json"}[kind]
+    marker = ("manifest.json" if kind in RUNG_KV else
+              {"hf": "model.safetensors", "ortgenai": "genai_config.json"}[kind])
     return (d / marker).is_file()
 
 
@@ -97,11 +100,11 @@ def build(art: Artifacts, kind: str) -> None:
     tmp.rename(final)
 
 
-def ensure(preset: str) -> tuple[Artifacts, dict[str, str]]:
+def ensure(preset: str, kinds: tuple[str, ...] = KINDS) -> tuple[Artifacts, dict[str, str]]:
     """Build what is missing; returns the artifacts and ``kind -> error`` for failed steps."""
     art = locate(preset)
     errors: dict[str, str] = {}
-    for kind in KINDS:
+    for kind in ("hf", *(k for k in kinds if k != "hf")):
         if kind != "hf" and "hf" in errors:
             errors[kind] = "no checkpoint to build from"
             continue
@@ -120,14 +123,18 @@ def _build_hf(preset: str, out: Path) -> None:
     make_random_checkpoint(preset, out, seed=0)
 
 
-def _build_rung(preset: str, out: Path) -> None:
+def _build_rung(preset: str, out: Path, kv: str) -> None:
     from rung.export.exporter import ExportOptions, export
 
     manifest = export(locate(preset).hf, out,
-                      ExportOptions(weights="fp32", max_seq=MAX_SEQ[preset]))
-    print(f"exported engine {manifest.engine_id}; parity {manifest.parity}")
+                      ExportOptions(weights="fp32", kv=kv, max_seq=MAX_SEQ[preset]))
+    print(f"exported engine {manifest.engine_id}; parity {manifest.parity}; "
+          f"kv {manifest.kv}")
 
 
 if __name__ == "__main__":
     step, preset_name, out_dir = sys.argv[1:4]
-    {"hf": _build_hf, "rung": _build_rung}[step](preset_name, Path(out_dir))
+    if step in RUNG_KV:
+        _build_rung(preset_name, Path(out_dir), RUNG_KV[step])
+    else:
+        _build_hf(preset_name, Path(out_dir))

@@ -22,15 +22,18 @@ import machine
 import report
 import workers
 
-ENGINES = ("rung", "hf", "ortgenai")
-ARTIFACT = {"rung": "rung", "hf": "hf", "ortgenai": "ortgenai"}  # engine -> artifact kind
+ENGINES = ("rung", "rung-kv16", "rung-kv8", "hf", "ortgenai")
+DEFAULT_ENGINES = ("rung", "hf", "ortgenai")
+# engine -> artifact kind; the rung-kv* engines are rung with an fp16 / fp8 KV cache
+ARTIFACT = {e: e for e in ENGINES}
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK = dict(preset="demo-tiny", prompt=128, contexts="64,256", steps=8, reps=1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset")
+    p.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
+                   help=f"comma-separated, from {', '.join(ENGINES)}")
     p.add_argument("--reps", type=int, default=3, help="repetitions; the median is reported")
     p.add_argument("--steps", type=int, default=32, help="decode steps timed per run")
     p.add_argument("--prompt", type=int, default=512, help="prefill / TTFT prompt length")
@@ -41,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: demo-tiny preset, short contexts, 1 repetition")
     p.add_argument("--out", type=Path, default=RESULTS, help="directory for the results")
+    p.add_argument("--tag", default="", help="suffix of the result file names (e.g. kv)")
     p.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -91,7 +95,7 @@ def spawn_worker(engine: str, args: argparse.Namespace, tmp: Path) -> dict[str, 
 
 
 def measure_all(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
-    _, errors = artifacts.ensure(args.preset)
+    _, errors = artifacts.ensure(args.preset, tuple(ARTIFACT[e] for e in engines))
     os.sync()  # a fresh build leaves GBs of dirty pages; don't time their write-back
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
@@ -122,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"bench: unknown engine {unknown[0]!r}; choose from {', '.join(ENGINES)}")
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     results = measure_all(args, engines)
-    stamp = time.strftime("%Y-%m-%d") + "-fp32" + ("-quick" if args.quick else "")
+    stamp = (time.strftime("%Y-%m-%d") + "-fp32" + (f"-{args.tag}" if args.tag else "")
+             + ("-quick" if args.quick else ""))
     record = {"stamp": stamp, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "command": shlex.join(sys.orig_argv), "cwd": os.getcwd(), "model": args.preset,
               "weights": "fp32", "workload": vars(workload(args)),

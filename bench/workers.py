@@ -138,7 +138,8 @@ class GenaiRunner:
         return self._next()  # greedy: the generator feeds the token it selected itself
 
 
-RUNNERS: dict[str, Any] = {"rung": RungRunner, "hf": HfRunner, "ortgenai": GenaiRunner}
+RUNNERS: dict[str, Any] = {"rung": RungRunner, "rung-kv16": RungRunner, "rung-kv8": RungRunner,
+                           "hf": HfRunner, "ortgenai": GenaiRunner}
 
 
 # -- measurement -----------------------------------------------------------------------------

@@ -74,9 +74,9 @@ def run_export(args: argparse.Namespace) -> int:
     if args.target != "onnx":
         raise ExportError(f"--target {args.target} is not available in this version",
                           "export with --target onnx")
-    if args.weights not in ("fp32", "fp16") or args.kv != "fp32":
-        raise ExportError(f"--weights {args.weights} --kv {args.kv} is not available in this "
-                          "version", "use --weights fp32|fp16 --kv fp32")
+    if args.weights not in ("fp32", "fp16"):
+        raise ExportError(f"--weights {args.weights} is not available in this version",
+                          "use --weights fp32|fp16")
     try:
         from rung.export.exporter import ExportOptions, export
     except ImportError as e:
@@ -90,7 +90,8 @@ def run_export(args: argparse.Namespace) -> int:
                f"max logit error {parity.max_abs_logit_diff:.2e}, greedy agreement "
                f"{parity.greedy_agreement:.2f}")
     print(f"exported {m.dims.hf_architecture} to {args.output} (engine {m.engine_id}, "
-          f"{m.weights} weights, max_seq {m.dims.max_seq}; {verdict})")
+          f"{m.weights} weights, {m.kv.dtype} KV {m.kv.bytes_per_token(m.dims)} B/token, "
+          f"max_seq {m.dims.max_seq}; {verdict})")
     return 0
 
 

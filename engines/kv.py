@@ -1,19 +1,27 @@
 """The hot KV cache: preallocated per-layer buffers the engine reads and writes in place.
 
-Layout per layer and for K and V: ``[max_seq, batch, kv_heads, head_dim]`` (position-major).
-The first P positions of every row form one contiguous block, so the graph's ``past`` input
-is a view, never a copy; new positions are written at each row's own offset.
+Layout of every buffer: position-major, ``[max_seq, batch, ...]``: K and V are
+``[max_seq, B, Hkv, D]`` in the cache dtype (fp8 stored as its raw bytes, ``uint8``), and
+an fp8 cache adds one float32 scale per token and KV head, ``[max_seq, B, Hkv]``. The first P
+positions of every buffer are one contiguous block, so the graph's ``past`` inputs are
+views, never copies; new positions are written at each row's own offset.
+
+Buffer names are the graph's input/output names without their ``past_`` / ``new_``
+prefix: ``key_{i}``, ``value_{i}``, and for fp8 ``key_{i}_scale``, ``value_{i}_scale``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 import numpy as np
 
 from rung.engines.errors import EngineError
 
-_DTYPES = {"float32": np.float32, "float16": np.float16}
+# cache dtype -> numpy storage dtype
+STORAGE: dict[str, type[np.generic]] = {
+    "float32": np.float32, "float16": np.float16, "float8_e4m3fn": np.uint8}
+SCALED = ("float8_e4m3fn",)
 
 
 class KVCache:
@@ -21,59 +29,74 @@ class KVCache:
 
     def __init__(self, num_layers: int, batch: int, max_seq: int, kv_heads: int,
                  head_dim: int, dtype: str = "float32") -> None:
-        if dtype not in _DTYPES:
+        if dtype not in STORAGE:
             raise EngineError(f"KV dtype {dtype!r} is not supported by this engine",
-                              f"supported: {', '.join(_DTYPES)}")
-        shape = (max_seq, batch, kv_heads, head_dim)
-        np_dtype = _DTYPES[dtype]
-        self.keys = [np.zeros(shape, np_dtype) for _ in range(num_layers)]
-        self.values = [np.zeros(shape, np_dtype) for _ in range(num_layers)]
-        self.lengths = np.zeros(batch, np.int64)
+                              f"supported: {', '.join(STORAGE)}")
+        self.dtype = dtype
         self.max_seq = max_seq
         self.batch = batch
+        self.num_layers = num_layers
+        self.lengths = np.zeros(batch, np.int64)
+        self.buffers: dict[str, np.ndarray] = {}
+        for i in range(num_layers):
+            for part in ("key", "value"):
+                self.buffers[f"{part}_{i}"] = np.zeros(
+                    (max_seq, batch, kv_heads, head_dim), STORAGE[dtype])
+                if dtype in SCALED:
+                    self.buffers[f"{part}_{i}_scale"] = np.zeros(
+                        (max_seq, batch, kv_heads), np.float32)
+
+    @property
+    def keys(self) -> list[np.ndarray]:
+        return [self.buffers[f"key_{i}"] for i in range(self.num_layers)]
+
+    @property
+    def values(self) -> list[np.ndarray]:
+        return [self.buffers[f"value_{i}"] for i in range(self.num_layers)]
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the buffers."""
-        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+        """Bytes held by the buffers (scales included)."""
+        return sum(a.nbytes for a in self.buffers.values())
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes one token of one sequence occupies across all layers, K and V."""
+        """Bytes one token of one sequence occupies across all layers, K and V and scales."""
         return self.nbytes // (self.max_seq * self.batch)
 
     def past_len(self) -> int:
         """How many positions the graph must see (at least one; masked by lengths)."""
         return max(int(self.lengths.max(initial=0)), 1)
 
-    def past(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Contiguous views ``[P, B, Hkv, D]`` of layer ``layer``'s K and V."""
+    def past(self) -> dict[str, np.ndarray]:
+        """Contiguous views ``[P, B, ...]`` of every buffer, keyed by buffer name."""
         p = self.past_len()
-        return self.keys[layer][:p], self.values[layer][:p]
+        return {name: buf[:p] for name, buf in self.buffers.items()}
 
     def room(self) -> int:
         """Free positions in the fullest row."""
         return self.max_seq - int(self.lengths.max(initial=0))
 
-    def append(self, new_keys: Sequence[np.ndarray], new_values: Sequence[np.ndarray],
-               n_new: np.ndarray) -> None:
+    def append(self, new: Mapping[str, np.ndarray], n_new: np.ndarray) -> None:
         """Write each row's first ``n_new[b]`` new positions after its current length.
 
         Args:
-            new_keys, new_values: per layer ``[S, B, Hkv, D]``.
+            new: buffer name -> ``[S, B, ...]`` new positions (every buffer must be given).
             n_new: [B] valid new positions per row (rows are right-padded).
         """
         ends = self.lengths + n_new
         if int(ends.max(initial=0)) > self.max_seq:
             raise EngineError(f"KV cache full: {int(ends.max())} positions > max_seq "
                               f"{self.max_seq}", "shorten the prompt or max_tokens")
-        for b in range(self.batch):
-            start, n = int(self.lengths[b]), int(n_new[b])
-            if n == 0:
-                continue
-            for layer, (k, v) in enumerate(zip(new_keys, new_values, strict=True)):
-                self.keys[layer][start:start + n, b] = k[:n, b]
-                self.values[layer][start:start + n, b] = v[:n, b]
+        for name, buf in self.buffers.items():
+            src = new[name]
+            if src.dtype != buf.dtype:
+                raise EngineError(f"KV output {name!r} has dtype {src.dtype}, the cache "
+                                  f"stores {buf.dtype}", "re-export the engine")
+            for b in range(self.batch):
+                start, n = int(self.lengths[b]), int(n_new[b])
+                if n:
+                    buf[start:start + n, b] = src[:n, b]
         self.lengths = ends
 
     def reset(self) -> None:

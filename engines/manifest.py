@@ -61,7 +61,9 @@ class KVSpec:
 
     dtype: str  # "float32" | "float16" | "float8_e4m3fn"
     layout: str = KV_LAYOUT
-    scale_layout: str | None = None  # e.g. "per_token_per_head" for fp8
+    scale_layout: str | None = None  # "per_token_per_head" for fp8: float32 amax / 448
+    # export-time cost against an fp32 cache: max_rel_logit_err, mean_kl, greedy_agreement
+    accuracy: dict[str, float] | None = None
 
     def bytes_per_token(self, dims: ModelDims) -> int:
         """Bytes one token occupies in the cache (K and V, all layers, scales included)."""

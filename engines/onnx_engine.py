@@ -16,6 +16,9 @@ from rung.engines.errors import EngineError
 from rung.engines.kv import KVCache
 from rung.engines.manifest import Manifest
 
+ONNX_TYPE_NAMES = {"float32": "tensor(float)", "float16": "tensor(float16)",
+                   "float8_e4m3fn": "tensor(float8e4m3fn)"}
+FP8 = 17  # onnx.TensorProto.FLOAT8E4M3FN (onnx itself is not a serving dependency)
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
              "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
@@ -54,6 +57,16 @@ class OnnxEngine:
             raise EngineError(f"{path}: ONNX Runtime cannot load the graph ({e})",
                               "re-export the engine") from e
         self.output_names = [o.name for o in manifest.outputs]
+        self._check_kv_dtype(path)
+
+    def _check_kv_dtype(self, path: Path) -> None:
+        """Refuse a graph whose KV inputs are not what the manifest says the cache holds."""
+        want = ONNX_TYPE_NAMES.get(self.manifest.kv.dtype)
+        got = {i.name: i.type for i in self.session.get_inputs()}.get("past_key_0")
+        if want is None or got != want:
+            raise EngineError(
+                f"{path}: graph KV input is {got}, manifest says {self.manifest.kv.dtype}",
+                "the engine directory is inconsistent; re-export it")
 
     def new_cache(self, batch: int, max_seq: int | None = None) -> KVCache:
         """Preallocate KV buffers for ``batch`` sequences."""
@@ -78,9 +91,12 @@ class OnnxEngine:
         b, s = tokens.shape
         if b != cache.batch:
             raise EngineError(f"batch {b} does not match the cache's {cache.batch}")
+        if cache.dtype != self.manifest.kv.dtype:
+            raise EngineError(f"KV cache holds {cache.dtype}, this engine's graph reads "
+                              f"{self.manifest.kv.dtype}", "allocate it with new_cache()")
         if logits_index is None:
             logits_index = np.maximum(n_new - 1, 0).astype(np.int64)[:, None]
-        feeds: dict[str, np.ndarray] = {
+        feeds: dict[str, np.ndarray | ort.OrtValue] = {
             "input_ids": np.ascontiguousarray(tokens, dtype=np.int64),
             "position_ids": cache.lengths[:, None] + np.arange(s, dtype=np.int64),
             "past_lengths": cache.lengths.copy(),
@@ -89,10 +105,14 @@ class OnnxEngine:
         if int((cache.lengths + s).max()) > cache.max_seq:
             raise EngineError(f"sequence would exceed max_seq {cache.max_seq}",
                               "shorten the prompt or max_tokens")
-        for i in range(self.dims.num_layers):
-            feeds[f"past_key_{i}"], feeds[f"past_value_{i}"] = cache.past(i)
+        fp8 = cache.dtype == "float8_e4m3fn"
+        for name, view in cache.past().items():
+            feeds[f"past_{name}"] = (
+                ort.OrtValue.ortvalue_from_numpy_with_onnx_type(view, FP8)  # zero-copy
+                if fp8 and not name.endswith("_scale") else view)
         outs = self.session.run(self.output_names, feeds)
-        n = self.dims.num_layers
-        cache.append(outs[1:1 + 2 * n:2], outs[2:2 + 2 * n:2], n_new.astype(np.int64))
+        cache.append({name[4:]: out for name, out in zip(self.output_names[1:], outs[1:],
+                                                         strict=True)},
+                     n_new.astype(np.int64))
         logits: np.ndarray = outs[0]
         return logits

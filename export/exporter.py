@@ -28,7 +28,7 @@ from rung.engines.onnx_engine import OnnxEngine
 from rung.engines.progress import step
 from rung.export.checkpoint import Checkpoint, load_checkpoint
 from rung.export.onnx_graph import OPSET, build_graph, io_specs
-from rung.export.verify import verify
+from rung.export.verify import kv_accuracy, verify
 
 GRAPH_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -38,14 +38,14 @@ RUNG_VERSION = "0.1.0"
 @dataclass(frozen=True)
 class ExportOptions:
     weights: str = "fp32"        # fp32 | fp16
-    kv: str = "fp32"             # fp32 (fp16/fp8 KV arrive with their own graph paths)
+    kv: str = "fp32"             # fp32 | fp16 | fp8 (e4m3, per-token-per-head scales)
     max_seq: int | None = None
     norm_eps: float | None = None
     verify: bool = True
 
 
 WEIGHTS = ("fp32", "fp16")
-KV = ("fp32",)
+KV = {"fp32": "float32", "fp16": "float16", "fp8": "float8_e4m3fn"}
 
 
 def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
@@ -62,10 +62,11 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
         raise ExportError(f"--kv {opts.kv} is not available", f"choose one of {', '.join(KV)}")
     with step(f"loading checkpoint {hf_dir}"):
         ckpt = load_checkpoint(hf_dir, opts.max_seq, opts.norm_eps)
+    ckpt.model.set_kv_dtype(KV[opts.kv])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until verified
-    with step(f"writing ONNX graph ({opts.weights} weights)"):
+    with step(f"writing ONNX graph ({opts.weights} weights, {opts.kv} KV)"):
         write_graph(ckpt, out_dir, opts.weights)
     for name in ckpt.tokenizer.files:
         shutil.copyfile(ckpt.path / name, out_dir / name)
@@ -78,7 +79,10 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
                 f"verification failed: max relative logit error {parity.max_rel_logit_diff:.2e}"
                 f", greedy agreement {parity.greedy_agreement:.2f}",
                 "the graph does not reproduce the model; report it with the checkpoint config")
-        manifest = dataclasses.replace(manifest, parity=parity)
+        with step(f"measuring the cost of {opts.kv} KV against fp32 KV"):
+            accuracy = kv_accuracy(ckpt.model)
+        manifest = dataclasses.replace(manifest, parity=parity, kv=dataclasses.replace(
+            manifest.kv, accuracy=accuracy))
     manifest.save(out_dir)
     return manifest
 
@@ -102,7 +106,8 @@ def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
     inputs, outputs = io_specs(model)
     files = [GRAPH_FILE, DATA_FILE, *ckpt.tokenizer.files]
     artifacts = {f: sha256_file(out_dir / f) for f in files}
-    kv = KVSpec(dtype={"fp32": "float32"}[opts.kv])
+    kv = KVSpec(dtype=KV[opts.kv],
+                scale_layout="per_token_per_head" if opts.kv == "fp8" else None)
     engine_id = hashlib.sha256(
         f"{FORMAT_VERSION}|{artifacts[GRAPH_FILE]}|{artifacts[DATA_FILE]}|{kv}".encode()
     ).hexdigest()[:16]

@@ -41,6 +41,23 @@ def rope_table(cfg: ModelConfig, max_seq: int) -> tuple[torch.Tensor, torch.Tens
     return emb.cos().float(), emb.sin().float()
 
 
+FP8_MAX = 448.0
+KV_DTYPES = ("float32", "float16", "float8_e4m3fn")
+
+
+def kv_round_trip(x: torch.Tensor, kv_dtype: str) -> torch.Tensor:
+    """What the KV cache gives back for ``x`` [..., D] stored as ``kv_dtype``.
+
+    fp8: one scale per vector (token x KV head), ``amax / 448``, computed from the values.
+    """
+    if kv_dtype == "float16":
+        return x.to(torch.float16).to(x.dtype)
+    if kv_dtype == "float8_e4m3fn":
+        scale = (x.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(1e-30)
+        return (x / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
+    return x
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
@@ -57,6 +74,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.kv_dtype = "float32"  # attention sees K/V as the cache stores them
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
@@ -70,7 +88,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, S, 1, D]
         q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        k = kv_round_trip(k * cos + rotate_half(k) * sin, self.kv_dtype)
+        v = kv_round_trip(v, self.kv_dtype)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, S, D]
         k = k.repeat_interleave(c.kv_groups, dim=1)
         v = v.repeat_interleave(c.kv_groups, dim=1)
@@ -129,6 +148,13 @@ class RungForCausalLM(nn.Module):
         cos, sin = rope_table(cfg, max_seq)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def set_kv_dtype(self, kv_dtype: str) -> None:
+        """Make attention see K/V rounded as a ``kv_dtype`` cache stores them."""
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"unknown KV dtype {kv_dtype!r}")
+        for layer in self.model.layers:
+            layer.self_attn.kv_dtype = kv_dtype
 
     def set_norm_eps(self, eps: float) -> None:
         """Override every RMSNorm's eps (some checkpoints ship a wrong value)."""

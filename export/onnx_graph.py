@@ -18,7 +18,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from rung.engines.manifest import TensorSpec
-from rung.export.model import RungForCausalLM, rope_table
+from rung.export.model import FP8_MAX, RungForCausalLM, rope_table
 
 OPSET = 21
 IR_VERSION = 10
@@ -121,8 +121,41 @@ def shared_values(g: Builder, model: RungForCausalLM) -> Shared:
     return Shared(cos, sin, bias, split_ps)
 
 
+KV_ONNX = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
+           "float8_e4m3fn": TensorProto.FLOAT8E4M3FN}
+
+
+def kv_store(g: Builder, x: str, kv: str, name: str) -> str:
+    """Emit ``x`` [S, B, Hkv, D] as graph output ``name`` in the cache dtype ``kv`` (plus
+    ``{name}_scale`` [S, B, Hkv] for fp8); return x as the cache will give it back (float32).
+    """
+    if kv == "float32":
+        return g.op("Identity", x, out=name)
+    if kv == "float16":
+        return g.op("Cast", g.op("Cast", x, to=TensorProto.FLOAT16, out=name),
+                    to=TensorProto.FLOAT)
+    # fp8 e4m3: one scale per token and KV head, amax / 448, computed from the values
+    amax = g.op("ReduceMax", g.op("Abs", x), g.const([-1], np.int64), keepdims=1)
+    scale = g.op("Max", g.op("Div", amax, g.const(FP8_MAX, np.float32)),
+                 g.const(1e-30, np.float32))                                 # [S, B, Hkv, 1]
+    g.op("Squeeze", scale, g.const([-1], np.int64), out=f"{name}_scale")
+    q = g.op("Cast", g.op("Div", x, scale), to=TensorProto.FLOAT8E4M3FN, out=name)
+    return g.op("Mul", g.op("Cast", q, to=TensorProto.FLOAT), scale)
+
+
+def kv_load(g: Builder, name: str, kv: str) -> str:
+    """The float32 view of cache input ``name`` [P, B, Hkv, D]."""
+    if kv == "float32":
+        return name
+    x = g.op("Cast", name, to=TensorProto.FLOAT)
+    if kv == "float16":
+        return x
+    return g.op("Mul", x, g.op("Unsqueeze", f"{name}_scale", g.const([-1], np.int64)))
+
+
 def attention(g: Builder, model: RungForCausalLM, i: int, x: str, sh: Shared) -> str:
     c, layer = model.cfg, model.model.layers[i].self_attn
+    kv = layer.kv_dtype
     pre, d, groups = f"layers.{i}.self_attn", c.head_dim, c.kv_groups
     q = g.op("Reshape", linear(g, x, layer.q_proj, f"{pre}.q_proj"),
              g.const([0, 0, c.num_heads, d], np.int64))                     # [B, S, Hq, D]
@@ -135,17 +168,19 @@ def attention(g: Builder, model: RungForCausalLM, i: int, x: str, sh: Shared) ->
         k = rms_norm(g, k, layer.k_norm.weight, layer.k_norm.eps, f"{pre}.k_norm")
     q = rope(g, q, sh.cos, sh.sin, d // 2)
     k = rope(g, k, sh.cos, sh.sin, d // 2)
-    g.op("Transpose", k, perm=[1, 0, 2, 3], out=f"new_key_{i}")             # [S, B, Hkv, D]
-    g.op("Transpose", v, perm=[1, 0, 2, 3], out=f"new_value_{i}")
+    # store path: [S, B, Hkv, D] in the cache dtype; attention reads new and past alike,
+    # as the cache gives them back
+    new_k = kv_store(g, g.op("Transpose", k, perm=[1, 0, 2, 3]), kv, f"new_key_{i}")
+    new_v = kv_store(g, g.op("Transpose", v, perm=[1, 0, 2, 3]), kv, f"new_value_{i}")
     # queries grouped by kv head: [B, Hkv, G*S, D], pre-scaled by 1/sqrt(D)
     q = g.op("Reshape", q, g.const([0, 0, c.num_kv_heads, groups, d], np.int64))
     q = g.op("Transpose", q, perm=[0, 2, 3, 1, 4])
     q = g.op("Mul", g.op("Reshape", q, g.const([0, 0, -1, d], np.int64)),
              g.const(1.0 / math.sqrt(d), np.float32))
-    past_k = g.op("Transpose", f"past_key_{i}", perm=[1, 2, 3, 0])         # [B, Hkv, D, P]
-    past_v = g.op("Transpose", f"past_value_{i}", perm=[1, 2, 0, 3])       # [B, Hkv, P, D]
-    new_k = g.op("Transpose", k, perm=[0, 2, 3, 1])                         # [B, Hkv, D, S]
-    new_v = g.op("Transpose", v, perm=[0, 2, 1, 3])                         # [B, Hkv, S, D]
+    past_k = g.op("Transpose", kv_load(g, f"past_key_{i}", kv), perm=[1, 2, 3, 0])
+    past_v = g.op("Transpose", kv_load(g, f"past_value_{i}", kv), perm=[1, 2, 0, 3])
+    new_k = g.op("Transpose", new_k, perm=[1, 2, 3, 0])                     # [B, Hkv, D, S]
+    new_v = g.op("Transpose", new_v, perm=[1, 2, 0, 3])                     # [B, Hkv, S, D]
     scores = g.op("Concat", g.op("MatMul", q, past_k), g.op("MatMul", q, new_k), axis=3)
     probs = g.op("Softmax", g.op("Add", scores, sh.bias), axis=-1)         # [B, Hkv, G*S, T]
     p_past, p_new = g.ops("Split", [probs, sh.split_ps], 2, axis=3)
@@ -189,9 +224,9 @@ def lm_head(g: Builder, model: RungForCausalLM, x: str) -> str:
                                         axis=0), out="logits")
 
 
-def io_specs(model: RungForCausalLM, kv_dtype: str = "float32"
-             ) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def io_specs(model: RungForCausalLM) -> tuple[list[TensorSpec], list[TensorSpec]]:
     c = model.cfg
+    kv_dtype = model.model.layers[0].self_attn.kv_dtype
     kv = ["P", "B", c.num_kv_heads, c.head_dim]
     new = ["S", "B", c.num_kv_heads, c.head_dim]
     inputs = [TensorSpec("input_ids", "int64", ["B", "S"]),
@@ -200,15 +235,16 @@ def io_specs(model: RungForCausalLM, kv_dtype: str = "float32"
               TensorSpec("logits_index", "int64", ["B", "K"])]
     outputs = [TensorSpec("logits", "float32", ["B", "K", c.vocab_size])]
     for i in range(c.num_layers):
-        inputs += [TensorSpec(f"past_key_{i}", kv_dtype, list(kv)),
-                   TensorSpec(f"past_value_{i}", kv_dtype, list(kv))]
-        outputs += [TensorSpec(f"new_key_{i}", kv_dtype, list(new)),
-                    TensorSpec(f"new_value_{i}", kv_dtype, list(new))]
+        for part in ("key", "value"):
+            inputs.append(TensorSpec(f"past_{part}_{i}", kv_dtype, list(kv)))
+            outputs.append(TensorSpec(f"new_{part}_{i}", kv_dtype, list(new)))
+            if kv_dtype == "float8_e4m3fn":
+                inputs.append(TensorSpec(f"past_{part}_{i}_scale", "float32", kv[:3]))
+                outputs.append(TensorSpec(f"new_{part}_{i}_scale", "float32", new[:3]))
     return inputs, outputs
 
 
-_ONNX_TYPES = {"int64": TensorProto.INT64, "float32": TensorProto.FLOAT,
-               "float16": TensorProto.FLOAT16}
+_ONNX_TYPES = {"int64": TensorProto.INT64, **KV_ONNX}
 
 
 def _value_info(spec: TensorSpec) -> onnx.ValueInfoProto:

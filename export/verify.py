@@ -64,3 +64,37 @@ def verify(engine: Engine, model: RungForCausalLM, weights: str, prompts: int = 
                   max_rel_logit_diff=rel, greedy_agreement=agreement,
                   tolerance_abs=tol.rel_logit * scale,
                   passed=rel <= tol.rel_logit and agreement >= tol.greedy_agreement)
+
+
+def logit_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    """Distance of ``got`` from ``ref`` logits [N, V]: max and mean relative error (to the
+    row's max |ref|), mean KL(ref || got) of the next-token distributions, argmax agreement.
+    """
+    ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
+    scale = np.maximum(np.abs(ref64).max(-1), 1e-6)                      # [N]
+    rel = np.abs(got64 - ref64).max(-1) / scale
+    lp = ref64 - ref64.max(-1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(-1, keepdims=True))
+    lq = got64 - got64.max(-1, keepdims=True)
+    lq -= np.log(np.exp(lq).sum(-1, keepdims=True))
+    kl = (np.exp(lp) * (lp - lq)).sum(-1)
+    return {"max_rel_logit_err": float(rel.max()), "mean_rel_logit_err": float(rel.mean()),
+            "mean_kl": float(kl.mean()),
+            "greedy_agreement": float((ref.argmax(-1) == got.argmax(-1)).mean())}
+
+
+def kv_accuracy(model: RungForCausalLM, prompts: int = 8, length: int = 64,
+                seed: int = 0) -> dict[str, float]:
+    """Teacher-forced logits with the model's KV rounding against an fp32 cache."""
+    kv = model.model.layers[0].self_attn.kv_dtype
+    rng = np.random.default_rng(seed)
+    length = min(length, model.max_seq)
+    ids = torch.tensor(rng.integers(0, model.cfg.vocab_size, (prompts, length)))
+    with torch.no_grad():
+        got = model(ids).reshape(-1, model.cfg.vocab_size).numpy()
+        model.set_kv_dtype("float32")
+        try:
+            ref = model(ids).reshape(-1, model.cfg.vocab_size).numpy()
+        finally:
+            model.set_kv_dtype(kv)
+    return logit_metrics(ref, got)

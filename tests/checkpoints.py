@@ -41,11 +41,30 @@ def build_hf_model(arch: str, seed: int = 0) -> Any:
     cfg = getattr(transformers, cfg_name)(**{**COMMON, **extra})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(cfg).eval()
-    if arch == "qwen2":  # large key bias: the outlier pattern later FP8 work must survive
-        with torch.no_grad():
-            for layer in model.model.layers:
-                layer.self_attn.k_proj.bias.normal_(0.0, 2.0)
+    if arch == "qwen2":
+        add_key_bias_outliers(model)
     return model
+
+
+def add_key_bias_outliers(model: Any, magnitude: float = 600.0) -> None:
+    """Qwen2's trap for FP8 KV, as trained Qwen2 models show it: a large key bias with a few
+    outlier channels per KV head beyond e4m3's 448 (queries nearly ignore those channels),
+    and small values (V) that fall into e4m3's subnormal range at a fixed scale of 1.0."""
+    cfg = model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    groups = cfg.num_attention_heads // cfg.num_key_value_heads
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            attn.k_proj.bias.normal_(0.0, 2.0)
+            attn.v_proj.weight.mul_(0.01)
+            for h in range(cfg.num_key_value_heads):
+                for c, value in ((0, magnitude), (head_dim // 2 + 1, -magnitude / 2)):
+                    attn.k_proj.bias[h * head_dim + c] = value
+                    for g in range(groups):  # the query heads reading this KV head
+                        q_row = (h * groups + g) * head_dim + c
+                        attn.q_proj.weight[q_row].mul_(0.01)
+                        attn.q_proj.bias[q_row] = 0.0
 
 
 def save_checkpoint(arch: str, path: Path, seed: int = 0, **save_kwargs: Any) -> Any:
