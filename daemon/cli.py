@@ -25,9 +25,13 @@ def _export_parser(sub: Any) -> None:
     p.add_argument("-o", "--output", type=Path, required=True, help="engine directory to write")
     p.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "int8", "int4"])
     p.add_argument("--kv", default="fp32", choices=["fp32", "fp16", "fp8"])
-    p.add_argument("--ffn-skip", default="off", choices=["off", "calibrate"])
-    p.add_argument("--calib-text", type=Path)
-    p.add_argument("--quality-budget", type=float)
+    p.add_argument("--ffn-skip", default="off", choices=["off", "calibrate", "trained"],
+                   help="skip FFNs at decode behind gates: fitted from --calib-text, or "
+                   "as trained into the checkpoint")
+    p.add_argument("--calib-text", type=Path, help="calibration text for --ffn-skip calibrate")
+    p.add_argument("--quality-budget", type=float, default=0.05,
+                   help="max mean next-token KL (nats) vs the unskipped model on held-out "
+                   "calibration text (default 0.05)")
     p.add_argument("--target", default="onnx", choices=["onnx", "trt"])
     p.add_argument("--max-seq", type=int, help="longest sequence served (default: min(4096, "
                    "the model's max_position_embeddings))")
@@ -68,9 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
 def run_export(args: argparse.Namespace) -> int:
     from rung.engines.errors import ExportError
 
-    if args.ffn_skip != "off":
-        raise ExportError("--ffn-skip calibrate is not available in this version",
-                          "export with --ffn-skip off")
     if args.target != "onnx":
         raise ExportError(f"--target {args.target} is not available in this version",
                           "export with --target onnx")
@@ -84,11 +85,17 @@ def run_export(args: argparse.Namespace) -> int:
                           "pip install 'rung[export]'") from e
     m = export(args.hf_dir, args.output, ExportOptions(
         weights=args.weights, kv=args.kv, max_seq=args.max_seq, norm_eps=args.norm_eps,
-        verify=not args.no_verify))
+        verify=not args.no_verify, ffn_skip=args.ffn_skip, calib_text=args.calib_text,
+        quality_budget=args.quality_budget))
     parity = m.parity
     verdict = ("not verified" if parity is None else
                f"max logit error {parity.max_abs_logit_diff:.2e}, greedy agreement "
                f"{parity.greedy_agreement:.2f}")
+    gate = m.ffn_gate
+    if gate and gate["mode"] == "calibrate":
+        print(f"FFN gates: {gate['skip_rate_mean']:.1%} of decode-step FFNs skipped on "
+              f"held-out text, mean KL {gate['quality']['mean_kl']:.4f} (budget "
+              f"{gate['budget_mean_kl']})")
     print(f"exported {m.dims.hf_architecture} to {args.output} (engine {m.engine_id}, "
           f"{m.weights} weights, {m.kv.dtype} KV {m.kv.bytes_per_token(m.dims)} B/token, "
           f"max_seq {m.dims.max_seq}; {verdict})")
@@ -135,7 +142,7 @@ def run_generate(args: argparse.Namespace) -> int:
             "prompt_tokens": g.prompt_tokens,
             "kv": {"dtype": engine.manifest.kv.dtype,
                    "bytes_per_token": engine.manifest.kv.bytes_per_token(engine.manifest.dims)},
-            "ffn_skip_ratio": None}, ensure_ascii=False))
+            "ffn_skip_ratio": g.ffn_skip_ratio}, ensure_ascii=False))
     else:
         print()
         print(f"rung: {g.prompt_tokens} prompt tokens, {len(g.token_ids)} generated "

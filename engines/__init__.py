@@ -23,7 +23,8 @@ class Engine(Protocol):
     ``forward(cache, tokens [B, S], n_new [B], logits_index [B, K] | None) -> logits
     [B, K, V]``: runs the new tokens of each row against the row's cached past, writes their
     KV into ``cache`` in place and returns the logits at the requested positions (default:
-    each row's last valid new token).
+    each row's last valid new token). An engine exported with FFN gates counts, over its
+    one-token steps, how often each layer skipped its FFN.
 
     Raises:
         EngineError: shapes do not match, the cache is full, the runtime fails.
@@ -31,6 +32,8 @@ class Engine(Protocol):
 
     backend: str
     manifest: Manifest
+    ffn_steps: int                  # one-token steps run (where FFN gates may skip)
+    ffn_skips: np.ndarray | None    # [layers] FFN skips among them; None = no gates
 
     def new_cache(self, batch: int, max_seq: int | None = None) -> KVCache: ...
 

@@ -30,6 +30,7 @@ class Generation:
     finish_reason: str  # "stop" | "length"
     ttft_ms: float
     decode_tok_s: float
+    ffn_skip_ratio: float | None = None  # skipped / (one-token steps x layers); None = n/a
 
 
 @dataclass
@@ -79,6 +80,8 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
                  [], eos, holdback)
             for p in prompts]
     cache = engine.new_cache(len(prompts))
+    steps0 = engine.ffn_steps
+    skips0 = None if engine.ffn_skips is None else engine.ffn_skips.copy()
     tokens, n_new = _prefill_batch(prompts)
     t0 = time.perf_counter()
     logits = engine.forward(cache, tokens, n_new)
@@ -95,8 +98,15 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
         n_new = np.array([r.finish is None for r in rows], np.int64)
         logits = engine.forward(cache, tokens, n_new)
     t_end = time.perf_counter()
-    return [_result(row, len(p), t0, t_first, t_end) for row, p in zip(rows, prompts,
-                                                                        strict=True)]
+    ratio = None
+    if engine.ffn_skips is not None and skips0 is not None and engine.ffn_steps > steps0:
+        ratio = float((engine.ffn_skips - skips0).sum()
+                      / ((engine.ffn_steps - steps0) * len(skips0)))
+    out = [_result(row, len(p), t0, t_first, t_end) for row, p in zip(rows, prompts,
+                                                                       strict=True)]
+    for g in out:
+        g.ffn_skip_ratio = ratio
+    return out
 
 
 def _advance(row: _Row, logits: np.ndarray, b: int,

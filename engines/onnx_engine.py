@@ -58,6 +58,11 @@ class OnnxEngine:
                               "re-export the engine") from e
         self.output_names = [o.name for o in manifest.outputs]
         self._check_kv_dtype(path)
+        gated = "ffn_skipped" in self.output_names
+        # FFN skip counters: one-token decode steps run, and skips per layer among them
+        self.ffn_steps = 0
+        self.ffn_skips: np.ndarray | None = (
+            np.zeros(self.dims.num_layers, np.int64) if gated else None)
 
     def _check_kv_dtype(self, path: Path) -> None:
         """Refuse a graph whose KV inputs are not what the manifest says the cache holds."""
@@ -110,9 +115,12 @@ class OnnxEngine:
             feeds[f"past_{name}"] = (
                 ort.OrtValue.ortvalue_from_numpy_with_onnx_type(view, FP8)  # zero-copy
                 if fp8 and not name.endswith("_scale") else view)
-        outs = self.session.run(self.output_names, feeds)
-        cache.append({name[4:]: out for name, out in zip(self.output_names[1:], outs[1:],
-                                                         strict=True)},
-                     n_new.astype(np.int64))
-        logits: np.ndarray = outs[0]
+        results = dict(zip(self.output_names, self.session.run(self.output_names, feeds),
+                           strict=True))
+        cache.append({name[4:]: out for name, out in results.items()
+                      if name.startswith("new_")}, n_new.astype(np.int64))
+        if self.ffn_skips is not None and b * s == 1:
+            self.ffn_steps += 1
+            self.ffn_skips += results["ffn_skipped"]
+        logits: np.ndarray = results["logits"]
         return logits

@@ -108,7 +108,13 @@ def _read(handle: Any, names: list[str], path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_weights(model: RungForCausalLM, state: dict[str, torch.Tensor], where: Path) -> None:
-    """Copy checkpoint tensors into the model, checking names and shapes."""
+    """Copy checkpoint tensors into the model, checking names and shapes.
+
+    A checkpoint trained by rung carries FFN gates (``mlp.ffn_gate.proj.*``); they are
+    created on the model before loading.
+    """
+    if any(".mlp.ffn_gate." in k for k in state) and not model.has_ffn_gates:
+        model.add_ffn_gates()
     expected = dict(model.named_parameters())
     state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
     if model.cfg.tie_word_embeddings:

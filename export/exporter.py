@@ -12,6 +12,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -26,7 +27,9 @@ from rung.engines.manifest import (
 )
 from rung.engines.onnx_engine import OnnxEngine
 from rung.engines.progress import step
+from rung.engines.tokenizer import Tokenizer
 from rung.export.checkpoint import Checkpoint, load_checkpoint
+from rung.export.ffn_calibrate import calibrate
 from rung.export.onnx_graph import OPSET, build_graph, io_specs
 from rung.export.verify import kv_accuracy, verify
 
@@ -42,9 +45,13 @@ class ExportOptions:
     max_seq: int | None = None
     norm_eps: float | None = None
     verify: bool = True
+    ffn_skip: str = "off"        # off | calibrate | trained (gates shipped in the checkpoint)
+    calib_text: Path | None = None
+    quality_budget: float = 0.05  # max mean next-token KL (nats) on held-out text
 
 
 WEIGHTS = ("fp32", "fp16")
+FFN_SKIP = ("off", "calibrate", "trained")
 KV = {"fp32": "float32", "fp16": "float16", "fp8": "float8_e4m3fn"}
 
 
@@ -60,9 +67,17 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
                           f"choose one of {', '.join(WEIGHTS)}")
     if opts.kv not in KV:
         raise ExportError(f"--kv {opts.kv} is not available", f"choose one of {', '.join(KV)}")
+    if opts.ffn_skip not in FFN_SKIP:
+        raise ExportError(f"--ffn-skip {opts.ffn_skip} is not available",
+                          f"choose one of {', '.join(FFN_SKIP)}")
+    if opts.ffn_skip == "calibrate" and (opts.calib_text is None
+                                         or not Path(opts.calib_text).is_file()):
+        raise ExportError(f"--ffn-skip calibrate needs --calib-text FILE (got "
+                          f"{opts.calib_text})", "give a text file in the model's domain")
     with step(f"loading checkpoint {hf_dir}"):
         ckpt = load_checkpoint(hf_dir, opts.max_seq, opts.norm_eps)
     ckpt.model.set_kv_dtype(KV[opts.kv])
+    ffn_gate = prepare_gates(ckpt, opts)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until verified
@@ -70,7 +85,7 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
         write_graph(ckpt, out_dir, opts.weights)
     for name in ckpt.tokenizer.files:
         shutil.copyfile(ckpt.path / name, out_dir / name)
-    manifest = _manifest(ckpt, out_dir, opts)
+    manifest = dataclasses.replace(_manifest(ckpt, out_dir, opts), ffn_gate=ffn_gate)
     if opts.verify:
         with step("verifying the graph against the PyTorch model"):
             parity = verify(OnnxEngine(out_dir, manifest), ckpt.model, opts.weights)
@@ -85,6 +100,27 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
             manifest.kv, accuracy=accuracy))
     manifest.save(out_dir)
     return manifest
+
+
+def prepare_gates(ckpt: Checkpoint, opts: ExportOptions) -> dict[str, Any] | None:
+    """Strip, fit or keep the FFN gates; the manifest's ``ffn_gate`` record."""
+    model = ckpt.model
+    if opts.ffn_skip == "off":
+        for layer in model.model.layers:
+            layer.mlp.ffn_gate = None
+        return None
+    if opts.ffn_skip == "trained":
+        if not model.has_ffn_gates:
+            raise ExportError(f"{ckpt.path}: --ffn-skip trained, but the checkpoint has no "
+                              "FFN gates", "use --ffn-skip calibrate --calib-text FILE")
+        return {"mode": "trained"}
+    assert opts.calib_text is not None
+    text = Path(opts.calib_text).read_text(encoding="utf-8", errors="replace")
+    tok = Tokenizer.load(ckpt.path, ckpt.tokenizer)
+    with step(f"calibrating FFN gates on {opts.calib_text} (budget: mean KL "
+              f"{opts.quality_budget})"):
+        result = calibrate(model, tok.encode(text, add_bos=False), opts.quality_budget)
+    return result.to_manifest()
 
 
 def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str) -> None:

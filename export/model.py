@@ -97,8 +97,32 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, s, c.num_heads * d))
 
 
+class FFNGate(nn.Module):
+    """Skip predictor on the FFN input (the normalized hidden state): a linear probe whose
+    output ``z`` says "skip" when ``z > 0``. Calibration fits it from text; training learns
+    it jointly (soft decision ``sigmoid(z / temperature)`` plus a sparsity term)."""
+
+    def __init__(self, hidden: int, temperature: float = 1.0) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.constant_(self.proj.bias, -4.0)  # starts out "never skip"
+        self.temperature = temperature
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        # h: [B, S, H] -> z: [B, S]
+        return self.proj(h).squeeze(-1)
+
+
 class FFN(nn.Module):
-    """SwiGLU feed-forward with a named place for a skip gate (``ffn_gate``)."""
+    """SwiGLU feed-forward with a named place for a skip gate (``ffn_gate``).
+
+    With a gate, tokens marked in ``gate_positions`` may skip: in eval mode the FFN output of
+    a token whose gate says ``z > 0`` is dropped (the residual passes unchanged), exactly as
+    the exported graph's ``If`` does at decode; in training mode the output is scaled by the
+    keep probability ``1 - sigmoid(z / T)`` and that probability is kept in
+    ``last_skip_prob`` for a sparsity term.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -106,10 +130,25 @@ class FFN(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
-        self.ffn_gate: nn.Module | None = None
+        self.ffn_gate: FFNGate | None = None
+        self.last_skip_prob: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def forward(self, x: torch.Tensor,
+                gate_positions: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.dense(x)
+        if self.ffn_gate is None or gate_positions is None:
+            return out
+        z = self.ffn_gate(x)                                            # [B, S]
+        if self.training:
+            skip = torch.sigmoid(z / self.ffn_gate.temperature) * gate_positions
+            self.last_skip_prob = skip
+            return out * (1.0 - skip).unsqueeze(-1)
+        skip = (z > 0) & gate_positions.bool()
+        self.last_skip_prob = skip.float()
+        return out * (~skip).unsqueeze(-1).to(out.dtype)
 
 
 class Block(nn.Module):
@@ -121,9 +160,9 @@ class Block(nn.Module):
         self.mlp = FFN(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+                mask: torch.Tensor, gate_positions: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), gate_positions)
 
 
 class Decoder(nn.Module):
@@ -162,13 +201,30 @@ class RungForCausalLM(nn.Module):
             if isinstance(m, RMSNorm):
                 m.eps = eps
 
+    def add_ffn_gates(self, temperature: float = 1.0) -> None:
+        """Give every layer's FFN a fresh ``ffn_gate`` (starts out "never skip")."""
+        for layer in self.model.layers:
+            layer.mlp.ffn_gate = FFNGate(self.cfg.hidden_size, temperature)
+
+    @property
+    def has_ffn_gates(self) -> bool:
+        return all(layer.mlp.ffn_gate is not None for layer in self.model.layers)
+
+    def skip_probs(self) -> list[torch.Tensor]:
+        """Per layer, the skip decisions/probabilities [B, S] of the last forward."""
+        return [layer.mlp.last_skip_prob for layer in self.model.layers
+                if layer.mlp.last_skip_prob is not None]
+
     def forward(self, input_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                attention_mask: torch.Tensor | None = None,
+                gate_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Full causal forward.
 
         Args:
             input_ids: [B, S] token ids, right-padded.
             attention_mask: [B, S] 1 for real tokens (optional).
+            gate_positions: [B, S] tokens whose FFN the gates may skip (the positions the
+                engine decodes one at a time); None = no skipping.
         Returns:
             logits [B, S, V] (float32).
         """
@@ -185,5 +241,5 @@ class RungForCausalLM(nn.Module):
             ~allowed, float("-inf"))
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, mask)
+            x = layer(x, cos, sin, mask, gate_positions)
         return self.lm_head(self.model.norm(x)).float()

@@ -91,6 +91,7 @@ class Shared:
     sin: str          # [B, S, 1, D]
     bias: str         # [B, 1, G*S, P+S] additive attention mask
     split_ps: str     # [2] = (P, S), splits the key axis into past and new
+    single: str | None  # bool scalar: one token of one sequence (FFN gates may skip)
 
 
 def shared_values(g: Builder, model: RungForCausalLM) -> Shared:
@@ -118,7 +119,9 @@ def shared_values(g: Builder, model: RungForCausalLM) -> Shared:
                 g.const([1, 1, c.kv_groups, 1], np.int64))                        # [B,1,G*S,T]
     split_ps = g.op("Concat", g.op("Unsqueeze", p, g.const([0], np.int64)),
                     g.op("Unsqueeze", s, g.const([0], np.int64)), axis=0)
-    return Shared(cos, sin, bias, split_ps)
+    single = (g.op("Equal", g.op("Size", "input_ids"), g.const(1, np.int64))
+              if model.has_ffn_gates else None)
+    return Shared(cos, sin, bias, split_ps, single)
 
 
 KV_ONNX = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
@@ -199,13 +202,41 @@ def ffn(g: Builder, model: RungForCausalLM, i: int, x: str) -> str:
     return linear(g, act, mlp.down_proj, f"{pre}.down_proj")
 
 
-def decoder_layer(g: Builder, model: RungForCausalLM, i: int, x: str, sh: Shared) -> str:
+def gated_ffn(g: Builder, model: RungForCausalLM, i: int, x: str, h: str,
+              single: str) -> tuple[str, str]:
+    """``x + FFN(h)``, behind an ``If`` that skips the FFN when this is a one-token step
+    (``single``) and the layer's gate says ``z > 0``. Returns (output, skip flag [1])."""
+    gate, pre = model.model.layers[i].mlp.ffn_gate, f"layers.{i}.mlp.ffn_gate"
+    assert gate is not None
+    z = linear(g, h, gate.proj, f"{pre}.proj")                               # [B, S, 1]
+    z = g.op("ReduceMax", z, keepdims=0)                                     # scalar
+    skip = g.op("And", single, g.op("Greater", z, g.const(0.0, np.float32)))
+    out = g.fresh("ffn_out")
+    then_g = Builder(counter=g.counter)
+    then_g.op("Identity", x, out=out)
+    else_g = Builder(counter=then_g.counter)
+    else_g.op("Add", x, ffn(else_g, model, i, h), out=out)
+    g.counter = else_g.counter
+    value = helper.make_tensor_value_info(out, TensorProto.FLOAT, None)
+    branches = {name: helper.make_graph(b.nodes, f"{name}_{i}", [], [value],
+                                        initializer=b.inits)
+                for name, b in (("skip", then_g), ("run", else_g))}
+    result = g.op("If", skip, then_branch=branches["skip"], else_branch=branches["run"])
+    return result, g.op("Unsqueeze", skip, g.const([0], np.int64))
+
+
+def decoder_layer(g: Builder, model: RungForCausalLM, i: int, x: str, sh: Shared,
+                  skips: list[str]) -> str:
     block, eps = model.model.layers[i], model.model.layers[i].input_layernorm.eps
     h = rms_norm(g, x, block.input_layernorm.weight, eps, f"layers.{i}.input_layernorm")
     x = g.op("Add", x, attention(g, model, i, h, sh))
     h = rms_norm(g, x, block.post_attention_layernorm.weight, eps,
                  f"layers.{i}.post_attention_layernorm")
-    return g.op("Add", x, ffn(g, model, i, h))
+    if sh.single is None:
+        return g.op("Add", x, ffn(g, model, i, h))
+    x, skipped = gated_ffn(g, model, i, x, h, sh.single)
+    skips.append(skipped)
+    return x
 
 
 def lm_head(g: Builder, model: RungForCausalLM, x: str) -> str:
@@ -234,6 +265,8 @@ def io_specs(model: RungForCausalLM) -> tuple[list[TensorSpec], list[TensorSpec]
               TensorSpec("past_lengths", "int64", ["B"]),
               TensorSpec("logits_index", "int64", ["B", "K"])]
     outputs = [TensorSpec("logits", "float32", ["B", "K", c.vocab_size])]
+    if model.has_ffn_gates:
+        outputs.append(TensorSpec("ffn_skipped", "bool", [c.num_layers]))
     for i in range(c.num_layers):
         for part in ("key", "value"):
             inputs.append(TensorSpec(f"past_{part}_{i}", kv_dtype, list(kv)))
@@ -244,7 +277,7 @@ def io_specs(model: RungForCausalLM) -> tuple[list[TensorSpec], list[TensorSpec]
     return inputs, outputs
 
 
-_ONNX_TYPES = {"int64": TensorProto.INT64, **KV_ONNX}
+_ONNX_TYPES = {"int64": TensorProto.INT64, "bool": TensorProto.BOOL, **KV_ONNX}
 
 
 def _value_info(spec: TensorSpec) -> onnx.ValueInfoProto:
@@ -257,9 +290,12 @@ def build_graph(model: RungForCausalLM) -> onnx.ModelProto:
     sh = shared_values(g, model)
     x = g.op("Gather", g.init("embed_tokens.weight", _np(model.model.embed_tokens.weight)),
              "input_ids")                                                   # [B, S, H]
+    skips: list[str] = []
     for i in range(model.cfg.num_layers):
-        x = decoder_layer(g, model, i, x, sh)
+        x = decoder_layer(g, model, i, x, sh, skips)
     lm_head(g, model, x)
+    if skips:
+        g.op("Concat", *skips, axis=0, out="ffn_skipped")                 # [L] bool
     inputs, outputs = io_specs(model)
     graph = helper.make_graph(g.nodes, "rung_decoder", [_value_info(t) for t in inputs],
                               [_value_info(t) for t in outputs], initializer=g.inits)

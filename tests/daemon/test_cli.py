@@ -118,3 +118,38 @@ def test_error_options_of_later_versions(checkpoints: dict[str, tuple[Path, Any]
                                          tmp_path: Path) -> None:
     _assert_one_line_error(_rung("export", str(checkpoints["llama"][0]), "-o",
                                  str(tmp_path / "e"), "--target", "trt"), "--target trt")
+
+
+def test_export_fp8_kv_then_generate_reports_kv(checkpoints: dict[str, tuple[Path, Any]],
+                                                tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "engine"
+    assert main(["export", str(checkpoints["qwen2"][0]), "-o", str(out), "--kv", "fp8",
+                 "--max-seq", "64"]) == 0
+    assert "float8_e4m3fn KV 160 B/token" in capsys.readouterr().out
+    assert main(["generate", str(out), "--prompt", "Öl", "--max-tokens", "6", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kv"] == {"dtype": "float8_e4m3fn", "bytes_per_token": 160}
+
+
+def test_ffn_skip_calibrate_from_the_command_line(checkpoints: dict[str, tuple[Path, Any]],
+                                                  tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "calib.txt"
+    text.write_text(" ".join(f"Öltemperatur {i} °C, Druck {i % 7} bar;" for i in range(800)))
+    out = tmp_path / "engine"
+    assert main(["export", str(checkpoints["llama"][0]), "-o", str(out), "--max-seq", "128",
+                 "--ffn-skip", "calibrate", "--calib-text", str(text),
+                 "--quality-budget", "0.5"]) == 0
+    assert "decode-step FFNs skipped on held-out text" in capsys.readouterr().out
+    assert main(["generate", str(out), "--prompt", "Druck", "--max-tokens", "8",
+                 "--json"]) == 0
+    ratio = json.loads(capsys.readouterr().out)["ffn_skip_ratio"]
+    assert isinstance(ratio, float) and 0.0 <= ratio <= 1.0
+
+
+def test_error_calibrate_without_text(checkpoints: dict[str, tuple[Path, Any]],
+                                      tmp_path: Path) -> None:
+    _assert_one_line_error(_rung("export", str(checkpoints["llama"][0]), "-o",
+                                 str(tmp_path / "e"), "--ffn-skip", "calibrate"),
+                           "--calib-text")
