@@ -26,7 +26,12 @@ from pathlib import Path
 MAX_SEQ = {"qwen2.5-0.5b": 2048, "demo-tiny": 1024}
 # rung artifact kind -> ``rung export --kv``
 RUNG_KV = {"rung": "fp32", "rung-kv16": "fp16", "rung-kv8": "fp8"}
-KINDS = ("hf", *RUNG_KV, "ortgenai")
+# rung artifact kind -> FFN gates: forced (gate bias: + always skips, - never) or calibrated
+# (``--ffn-skip calibrate`` with this --quality-budget)
+RUNG_FFN: dict[str, tuple[str, float]] = {
+    "rung-ffn-never": ("forced", -1e4), "rung-ffn-always": ("forced", 1e4),
+    "rung-ffn-cal05": ("calibrate", 0.05), "rung-ffn-cal50": ("calibrate", 0.5)}
+KINDS = ("hf", *RUNG_KV, *RUNG_FFN, "ortgenai")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ class Artifacts:
         return self.root / "ortgenai-fp32"
 
     def path(self, kind: str) -> Path:
+        if kind in RUNG_FFN:
+            return self.root / kind.replace("rung-", "rung-fp32-")
         if kind in RUNG_KV:
             kv = RUNG_KV[kind]
             return self.root / ("rung-fp32" if kv == "fp32" else f"rung-fp32-kv{kv[2:]}")
@@ -64,7 +71,7 @@ def locate(preset: str) -> Artifacts:
 
 def is_built(art: Artifacts, kind: str) -> bool:
     d = art.path(kind)
-    marker = ("manifest.json" if kind in RUNG_KV else
+    marker = ("manifest.json" if kind in RUNG_KV or kind in RUNG_FFN else
               {"hf": "model.safetensors", "ortgenai": "genai_config.json"}[kind])
     return (d / marker).is_file()
 
@@ -132,9 +139,65 @@ def _build_rung(preset: str, out: Path, kv: str) -> None:
           f"kv {manifest.kv}")
 
 
+def calib_text(path: Path, n_lines: int = 2000, seed: int = 0) -> Path:
+    """Deterministic calibration text from the presets' corpus sentences."""
+    import random
+
+    from rung.export.presets import CORPUS
+
+    rng = random.Random(seed)
+    words = " ".join(CORPUS).split()
+    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(24))
+                              for _ in range(n_lines)), encoding="utf-8")
+    return path
+
+
+def gated_checkpoint(hf: Path, out: Path, bias: float) -> Path:
+    """The checkpoint plus FFN gate tensors whose bias forces every decision, as a second
+    shard next to symlinks of the original files (no copy of the weights)."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in hf.iterdir():
+        if f.name != "model.safetensors.index.json" and not (out / f.name).exists():
+            (out / f.name).symlink_to(f.resolve())
+    cfg = json.loads((hf / "config.json").read_text())
+    gates = {}
+    for i in range(cfg["num_hidden_layers"]):
+        gates[f"model.layers.{i}.mlp.ffn_gate.proj.weight"] = torch.zeros(1, cfg["hidden_size"])
+        gates[f"model.layers.{i}.mlp.ffn_gate.proj.bias"] = torch.tensor([bias])
+    save_file(gates, str(out / "gates.safetensors"))
+    with safe_open(str(hf / "model.safetensors"), framework="pt") as f:
+        weight_map = dict.fromkeys(f.keys(), "model.safetensors")
+    weight_map.update(dict.fromkeys(gates, "gates.safetensors"))
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return out
+
+
+def _build_rung_ffn(preset: str, out: Path, mode: str, value: float) -> None:
+    from rung.export.exporter import ExportOptions, export
+
+    art = locate(preset)
+    if mode == "forced":
+        src = gated_checkpoint(art.hf, art.root / f"hf-gates{value:+.0e}", value)
+        opts = ExportOptions(max_seq=MAX_SEQ[preset], ffn_skip="trained")
+    else:
+        src = art.hf
+        opts = ExportOptions(max_seq=MAX_SEQ[preset], ffn_skip="calibrate",
+                             calib_text=calib_text(art.root / "calib.txt"), quality_budget=value)
+    manifest = export(src, out, opts)
+    print(f"exported engine {manifest.engine_id}; ffn_gate {manifest.ffn_gate}")
+
+
 if __name__ == "__main__":
     step, preset_name, out_dir = sys.argv[1:4]
-    if step in RUNG_KV:
+    if step in RUNG_FFN:
+        _build_rung_ffn(preset_name, Path(out_dir), *RUNG_FFN[step])
+    elif step in RUNG_KV:
         _build_rung(preset_name, Path(out_dir), RUNG_KV[step])
     else:
         _build_hf(preset_name, Path(out_dir))

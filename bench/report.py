@@ -29,7 +29,10 @@ def table(record: dict[str, Any]) -> str:
     head = (f"| engine | prefill tok/s ({w['prompt']}) | TTFT ms ({w['prompt']}) | "
             + " | ".join(f"decode tok/s @{x}" for x in c)
             + f" | decode vs {BASELINE} ({' / '.join(f'@{x}' for x in c)}) |")
-    rows = [head, "|" + "---|" * (4 + len(c))]
+    gated = any("ffn_skip_ratio" in r for r in record["results"].values())
+    if gated:
+        head += " FFN skipped (decode) |"
+    rows = [head, "|" + "---|" * (4 + len(c) + gated)]
     base = record["results"].get(BASELINE)
     base = None if base is None or "error" in base else base
     for name, res in record["results"].items():
@@ -39,7 +42,9 @@ def table(record: dict[str, Any]) -> str:
         pre = res["prefill"]
         rows.append(f"| {name} | {pre['tok_s']:.1f} | {pre['ttft_ms']:.0f} | "
                     + " | ".join(_fmt(_decode(res, x)) for x in c) + " | "
-                    + " / ".join(_ratio(res, base, x) for x in c) + " |")
+                    + " / ".join(_ratio(res, base, x) for x in c) + " |"
+                    + (f" {res['ffn_skip_ratio']:.1%} |" if "ffn_skip_ratio" in res
+                       else " - |" if gated else ""))
     return "\n".join(rows) + "\n"
 
 

@@ -22,7 +22,7 @@ import machine
 import report
 import workers
 
-ENGINES = ("rung", "rung-kv16", "rung-kv8", "hf", "ortgenai")
+ENGINES = ("rung", "rung-kv16", "rung-kv8", *artifacts.RUNG_FFN, "hf", "ortgenai")
 DEFAULT_ENGINES = ("rung", "hf", "ortgenai")
 # engine -> artifact kind; the rung-kv* engines are rung with an fp16 / fp8 KV cache
 ARTIFACT = {e: e for e in ENGINES}

@@ -138,8 +138,7 @@ class GenaiRunner:
         return self._next()  # greedy: the generator feeds the token it selected itself
 
 
-RUNNERS: dict[str, Any] = {"rung": RungRunner, "rung-kv16": RungRunner, "rung-kv8": RungRunner,
-                           "hf": HfRunner, "ortgenai": GenaiRunner}
+RUNNERS: dict[str, Any] = {"hf": HfRunner, "ortgenai": GenaiRunner}  # else: rung's engine
 
 
 # -- measurement -----------------------------------------------------------------------------
@@ -185,12 +184,17 @@ def measure(runner: Runner, ids: np.ndarray, w: Workload) -> dict[str, Any]:
 
 def run_worker(engine: str, model_dir: Path, vocab: int, w: Workload) -> dict[str, Any]:
     """Load ``engine`` from ``model_dir`` and measure ``w``; everything JSON-ready."""
-    cls = RUNNERS[engine]
+    cls = RUNNERS.get(engine, RungRunner)
     ids = token_ids(w.seed, vocab, max([w.prompt, *w.contexts]))
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     runner = cls(model_dir, w.threads)
     load_s = time.perf_counter() - t0
     result = measure(runner, ids, w)
+    skips = getattr(getattr(runner, "engine", None), "ffn_skips", None)
+    if skips is not None:  # FFN gates: share of decode-step FFNs skipped during the run
+        steps = runner.engine.ffn_steps
+        result["ffn_skip_ratio"] = float(skips.sum() / max(steps * len(skips), 1))
+        result["ffn_skip_per_layer"] = (skips / max(steps, 1)).round(3).tolist()
     return dict(engine=engine, model_dir=str(model_dir), workload=asdict(w), load_s=load_s,
                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 loadavg_1m=[load0, os.getloadavg()[0]], **result)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -46,9 +47,11 @@ def _generate_parser(sub: Any) -> None:
     src.add_argument("--prompt", help="user message (chat template applied unless --raw)")
     src.add_argument("--task", help="task name (configs/tasks)")
     p.add_argument("--input", help="task input as a JSON object (with --task)")
+    p.add_argument("--tasks", type=Path, help="task directory (default: the built-in tasks)")
     p.add_argument("--raw", action="store_true", help="tokenize the prompt as is, no template")
     p.add_argument("--system", help="system message for the chat template")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int,
+                   help="most tokens to generate (default 128; with --task: the task's)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -104,24 +107,23 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_generate(args: argparse.Namespace) -> int:
     from rung.engines import load_engine
-    from rung.engines.errors import GenerationError
     from rung.engines.generate import generate
     from rung.engines.onnx_engine import EngineOptions
     from rung.engines.progress import set_enabled, step
     from rung.engines.sampler import SamplingParams
     from rung.engines.tokenizer import Tokenizer
 
-    if args.task is not None:
-        raise GenerationError("no task definitions are installed in this version",
-                              "use --prompt")
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop))
+                            seed=args.seed, max_tokens=args.max_tokens or 128,
+                            stop=tuple(args.stop))
     set_enabled(not args.json)
     t0 = time.perf_counter()
     with step(f"loading engine {args.engine_dir}"):
         engine = load_engine(args.engine_dir, "onnx", EngineOptions(threads=args.threads))
         tok = Tokenizer.load(args.engine_dir, engine.manifest.tokenizer)
     load_ms = (time.perf_counter() - t0) * 1000
+    if args.task is not None:
+        return _run_task(args, engine, tok, params, load_ms)
     if args.raw:
         ids = tok.encode(args.prompt)
     else:
@@ -151,6 +153,45 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
+              load_ms: float) -> int:
+    from rung.daemon.task_runner import TaskRunner
+    from rung.daemon.tasks import TaskError, load_tasks
+
+    if args.input is None:
+        raise TaskError("--task needs --input JSON", "e.g. --input '{\"description\": ...}'")
+    try:
+        data = json.loads(args.input)
+    except json.JSONDecodeError as e:
+        raise TaskError(f"--input is not valid JSON ({e})") from e
+    runner = TaskRunner(engine, tok, load_tasks(args.tasks), args.engine_dir)
+    (r,) = runner.run([(args.task, data)], params, args.max_tokens)
+    g = r.generation
+    doc = {"task": r.task, "ok": r.ok,
+           "text": g.text if g else "", "token_ids": g.token_ids if g else [],
+           "finish_reason": g.finish_reason if g is not None and (
+               r.error is None or r.error["code"] in ("truncated", "invalid_output"))
+           else "error",
+           "output": r.output, "validation": r.validation,
+           "timings": {"load_ms": round(load_ms, 1),
+                       "ttft_ms": round(g.ttft_ms, 1) if g else None,
+                       "decode_tok_s": round(g.decode_tok_s, 2) if g else None},
+           "ffn_skip_ratio": g.ffn_skip_ratio if g else None}
+    if r.error is not None:
+        doc["error"] = r.error
+    if args.json:
+        print(json.dumps(doc, ensure_ascii=False))
+    else:
+        print(json.dumps(r.output, indent=2, ensure_ascii=False))
+        pou = (r.validation or {}).get("pou_text")
+        if pou:
+            print(pou)
+    if r.error is not None:
+        print(f"rung: error: {r.error['code']}: {r.error['message']}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from rung.daemon.demo import run
 
@@ -171,6 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rung: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug: still one line, the traceback on request
+        if os.environ.get("RUNG_DEBUG"):
+            raise
+        print(f"rung: internal error: {type(e).__name__}: {e} (set RUNG_DEBUG=1 for the "
+              "traceback and please report it)", file=sys.stderr)
+        return 70
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import numpy as np
 
 from rung.engines import Engine
 from rung.engines.errors import GenerationError
+from rung.engines.grammar import Constraint
 from rung.engines.sampler import Sampler, SamplingParams, StopChecker
 from rung.engines.tokenizer import StreamDecoder, Tokenizer
 
@@ -31,6 +32,7 @@ class Generation:
     ttft_ms: float
     decode_tok_s: float
     ffn_skip_ratio: float | None = None  # skipped / (one-token steps x layers); None = n/a
+    mask_seconds: list[float] | None = None  # per step, when decoding under a constraint
 
 
 @dataclass
@@ -41,6 +43,7 @@ class _Row:
     token_ids: list[int]
     eos_ids: frozenset[int]
     holdback: int
+    constraint: Constraint | None = None
     text: str = ""
     emitted: int = 0
     finish: str | None = None
@@ -55,12 +58,16 @@ def _prefill_batch(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.nda
 
 
 def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[int]],
-             params: SamplingParams,
-             on_text: Callable[[int, str], None] | None = None) -> list[Generation]:
+             params: SamplingParams | Sequence[SamplingParams],
+             on_text: Callable[[int, str], None] | None = None,
+             constraints: Sequence[Constraint | None] | None = None) -> list[Generation]:
     """Generate a continuation for each prompt (token ids), batched.
 
     Args:
         on_text: called with (row, new text) as text becomes complete (streaming).
+        params: one for all rows, or one per row.
+        constraints: per row, a grammar the output must follow (token masks before
+            sampling), or None.
     Raises:
         GenerationError: empty prompt, or a prompt that leaves no room in the context.
     """
@@ -73,12 +80,16 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
         if len(p) >= max_seq:
             raise GenerationError(f"prompt of {len(p)} tokens does not fit the engine's "
                                   f"context of {max_seq}", "shorten the prompt")
+    per_row = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    if len(per_row) != len(prompts) or (constraints is not None
+                                        and len(constraints) != len(prompts)):
+        raise GenerationError("params/constraints must match the prompts one to one")
     eos = frozenset(tokenizer.eos_token_ids)
-    holdback = max((len(s) for s in params.stop), default=1) - 1
-    rows = [_Row(Sampler(params), tokenizer.stream(),
-                 StopChecker(eos, params.stop, min(params.max_tokens, max_seq - len(p))),
-                 [], eos, holdback)
-            for p in prompts]
+    rows = [_Row(Sampler(pr), tokenizer.stream(),
+                 StopChecker(eos, pr.stop, min(pr.max_tokens, max_seq - len(p))),
+                 [], eos, max((len(s) for s in pr.stop), default=1) - 1,
+                 None if constraints is None else constraints[i])
+            for i, (p, pr) in enumerate(zip(prompts, per_row, strict=True))]
     cache = engine.new_cache(len(prompts))
     steps0 = engine.ffn_steps
     skips0 = None if engine.ffn_skips is None else engine.ffn_skips.copy()
@@ -111,7 +122,11 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
 
 def _advance(row: _Row, logits: np.ndarray, b: int,
              on_text: Callable[[int, str], None] | None) -> None:
-    tok = row.sampler.sample(logits)
+    if row.constraint is None:
+        tok = row.sampler.sample(logits)
+    else:
+        tok = row.sampler.sample(logits, row.constraint.allowed())
+        row.constraint.consume(tok)
     row.token_ids.append(tok)
     is_eos = tok in row.eos_ids
     if not is_eos:
@@ -133,4 +148,6 @@ def _result(row: _Row, prompt_len: int, t0: float, t_first: float, t_end: float)
     return Generation(prompt_tokens=prompt_len, token_ids=row.token_ids, text=row.text,
                       finish_reason=row.finish or "length",
                       ttft_ms=(t_first - t0) * 1000.0,
-                      decode_tok_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0)
+                      decode_tok_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+                      mask_seconds=None if row.constraint is None
+                      else row.constraint.mask_seconds)

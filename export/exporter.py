@@ -94,8 +94,10 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
                 f"verification failed: max relative logit error {parity.max_rel_logit_diff:.2e}"
                 f", greedy agreement {parity.greedy_agreement:.2f}",
                 "the graph does not reproduce the model; report it with the checkpoint config")
-        with step(f"measuring the cost of {opts.kv} KV against fp32 KV"):
-            accuracy = kv_accuracy(ckpt.model)
+        accuracy = None
+        if opts.kv != "fp32":
+            with step(f"measuring the cost of {opts.kv} KV against fp32 KV"):
+                accuracy = kv_accuracy(ckpt.model)
         manifest = dataclasses.replace(manifest, parity=parity, kv=dataclasses.replace(
             manifest.kv, accuracy=accuracy))
     manifest.save(out_dir)

@@ -24,6 +24,8 @@ from rung.export.model import RungForCausalLM
 from rung.export.verify import logit_metrics
 
 RIDGE = 1e-2
+# held-out logits are kept for every evaluation: bound tokens x vocabulary (floats)
+HELDOUT_LOGITS = 200_000_000
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ def calibrate(model: RungForCausalLM, ids: list[int], budget: float, chunk: int 
         raise ExportError(f"calibration text gives {len(ids)} tokens; at least {4 * chunk} "
                           "are needed", "give a longer --calib-text file")
     n_held = max(1, int(len(data) * heldout_frac))
+    n_held = min(n_held, max(1, HELDOUT_LOGITS // (chunk * model.cfg.vocab_size)))
     fit, held = data[:-n_held], data[-n_held:]
     model.eval()
     h_all, y_all = _record(model, fit)

@@ -34,11 +34,11 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 
-def build_hf_model(arch: str, seed: int = 0) -> Any:
+def build_hf_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
     import transformers
 
     cfg_name, model_name, extra = CASES[arch]
-    cfg = getattr(transformers, cfg_name)(**{**COMMON, **extra})
+    cfg = getattr(transformers, cfg_name)(**{**COMMON, **extra, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(cfg).eval()
     if arch == "qwen2":
@@ -67,9 +67,10 @@ def add_key_bias_outliers(model: Any, magnitude: float = 600.0) -> None:
                         attn.q_proj.bias[q_row] = 0.0
 
 
-def save_checkpoint(arch: str, path: Path, seed: int = 0, **save_kwargs: Any) -> Any:
+def save_checkpoint(arch: str, path: Path, seed: int = 0,
+                    config: dict[str, Any] | None = None, **save_kwargs: Any) -> Any:
     """Build, save (``save_pretrained``) and return the transformers model."""
-    model = build_hf_model(arch, seed)
+    model = build_hf_model(arch, seed, **(config or {}))
     model.generation_config.eos_token_id = EOS_ID
     model.save_pretrained(path, **save_kwargs)
     build_tiny_tokenizer(path, vocab_size=VOCAB)

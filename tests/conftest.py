@@ -32,3 +32,16 @@ def engines(checkpoints: dict[str, tuple[Path, Any]],
         export(path, engine_dir, ExportOptions(max_seq=128))
         out[arch] = engine_dir
     return out
+
+
+@pytest.fixture(scope="session")
+def task_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight engine with room for task prompts and answers (max_seq 1024)."""
+    from rung.export.exporter import ExportOptions, export
+
+    hf = tmp_path_factory.mktemp("hf-tasks")
+    save_checkpoint("qwen3", hf, config={"max_position_embeddings": 2048,
+                                         "initializer_range": 0.05})
+    engine_dir = tmp_path_factory.mktemp("engine-tasks")
+    export(hf, engine_dir, ExportOptions(max_seq=1024))
+    return engine_dir

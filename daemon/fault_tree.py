@@ -1,0 +1,631 @@
+"""Fault-tree checks and analysis for the fault-tree task's JSON answers.
+
+A model answers an engineer with a fault tree as a JSON object (already valid against the
+task's JSON schema when it reaches this module)::
+
+    {"top": "G_TOP", "description": "...", "mission_time_h": 8760,
+     "gates": [{"id": "G_TOP", "type": "OR", "inputs": ["G1", "E_LEAK"]}, ...],
+     "basic_events": [{"id": "E_LEAK", "probability": 0.01, "evidence": {...}}, ...]}
+
+:func:`analyze_fault_tree` checks what a schema cannot (references, cycles, gate arities,
+probabilities, evidence points) and, for a sound tree, computes
+
+* the exact top-event probability for independent basic events, from a reduced ordered BDD
+  (the ``dd`` package, pure-Python ``dd.autoref`` backend): no rare-event or min-cut
+  approximation, shared events and NOT gates handled exactly;
+* the minimal cut sets of the top event, as the prime implicants of its BDD (Coudert &
+  Madre's recursion). For a coherent tree (a monotone top function) these are the classic
+  minimal cut sets. For a non-coherent tree (NOT gates that matter) they are the prime
+  implicants, in which a negated literal is written ``"NOT E4"`` ("E4 does not occur");
+* for coherent trees, the rare-event approximation (sum over the minimal cut sets of the
+  product of their event probabilities), which engineers often quote.
+
+Cut-set enumeration is bounded (``max_cut_sets`` sets, ``max_order`` events per set); past
+a bound the answer lists the sets it could list, says so in a warning and sets
+``cut_sets_complete`` to false. The exact probability does not depend on those bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from dd.autoref import BDD, Function
+
+__all__ = [
+    "DEFAULT_MISSION_TIME_H",
+    "GATE_TYPES",
+    "MAX_BDD_NODES",
+    "MAX_CUT_SETS",
+    "MAX_CUT_SET_ORDER",
+    "analyze_fault_tree",
+]
+
+DEFAULT_MISSION_TIME_H: Final = 8760.0
+"""Mission time for events given by a failure rate when the tree names none (one year)."""
+MAX_CUT_SETS: Final = 10_000
+"""Default bound on the number of cut sets (and on any intermediate set while computing)."""
+MAX_CUT_SET_ORDER: Final = 8
+"""Default bound on the number of events (literals) in one cut set."""
+MAX_BDD_NODES: Final = 500_000
+"""Past this many BDD nodes the computation stops (results null, with a warning)."""
+MAX_EVENTS: Final = 400
+"""Past this many basic events under the top the computation is not attempted."""
+
+GATE_TYPES: Final = ("AND", "OR", "ATLEAST", "NOT", "INHIBIT")
+
+_Issue = dict[str, str]
+_Literal = tuple[str, bool]  # (basic event id, True for "occurs", False for "NOT")
+_Cube = frozenset[_Literal]
+
+
+def analyze_fault_tree(
+    tree: Mapping[str, Any],
+    known_points: Collection[str] | None = None,
+    *,
+    max_cut_sets: int = MAX_CUT_SETS,
+    max_order: int = MAX_CUT_SET_ORDER,
+) -> dict[str, Any]:
+    """Check a fault tree and compute its minimal cut sets and exact top-event probability.
+
+    Args:
+        tree: the fault-tree object (``top``, ``gates``, ``basic_events``, optional
+            ``mission_time_h``, ``description``).
+        known_points: the data points evidence may cite; when given, an evidence ``point``
+            not in it is an error. ``None`` skips that check.
+        max_cut_sets: most cut sets listed (also bounds intermediate sets).
+        max_order: most events in a listed cut set.
+
+    Returns:
+        A JSON-ready dict:
+
+        * ``ok``: no errors.
+        * ``errors`` / ``warnings``: lists of ``{"path": "gates[2].inputs[1]", "message"}``.
+          Unreachable gates or events are warnings.
+        * ``minimal_cut_sets``: lists of event ids (each sorted by id), sorted by size then
+          lexicographically; for a non-coherent tree, prime implicants whose negated
+          literals read ``"NOT <id>"``. ``[]``: the top event cannot occur; ``[[]]``: it
+          always occurs. ``null`` when there are errors or the bounds left nothing sound.
+        * ``cut_set_kind``: ``"minimal_cut_sets"`` or ``"prime_implicants"`` (non-coherent).
+        * ``cut_sets_complete``: false when a bound cut the enumeration short.
+        * ``coherent``: whether the top event is a monotone function of the basic events.
+        * ``top_probability``: exact, for independent basic events.
+        * ``rare_event_approximation``: sum over the listed minimal cut sets of the product
+          of their probabilities (coherent trees only, else ``null``).
+        * ``basic_event_probabilities``: ``{id: p}`` for every basic event whose numbers are
+          valid (failure rates converted with ``1 - exp(-rate * mission_time_h)``).
+    """
+    checker = _Checker(tree, known_points)
+    checker.run()
+    result: dict[str, Any] = {
+        "ok": not checker.errors,
+        "errors": checker.errors,
+        "warnings": checker.warnings,
+        "minimal_cut_sets": None,
+        "cut_set_kind": None,
+        "cut_sets_complete": None,
+        "coherent": None,
+        "top_probability": None,
+        "rare_event_approximation": None,
+        "basic_event_probabilities": dict(checker.probabilities),
+    }
+    if checker.errors:
+        return result
+    _compute(checker, result, max_cut_sets=max(1, max_cut_sets), max_order=max(1, max_order))
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Checks
+
+
+class _Gate:
+    __slots__ = ("condition", "gid", "inputs", "k", "path", "type")
+
+    def __init__(self, gid: str, path: str, gtype: str, inputs: list[str], k: int,
+                 condition: str | None) -> None:
+        self.gid, self.path, self.type = gid, path, gtype
+        self.inputs, self.k, self.condition = inputs, k, condition
+
+
+class _Checker:
+    """Collects errors and warnings, and the well-formed gates and events for the analysis."""
+
+    def __init__(self, tree: Mapping[str, Any], known_points: Collection[str] | None) -> None:
+        self.tree = tree
+        self.known_points = None if known_points is None else frozenset(known_points)
+        self.errors: list[_Issue] = []
+        self.warnings: list[_Issue] = []
+        self.gates: dict[str, _Gate] = {}  # first definition of each gate id
+        self.events: dict[str, str] = {}  # basic event id -> its path (first definition)
+        self.probabilities: dict[str, float] = {}
+        self.top: str | None = None
+
+    def error(self, path: str, message: str) -> None:
+        self.errors.append({"path": path, "message": message})
+
+    def warn(self, path: str, message: str) -> None:
+        self.warnings.append({"path": path, "message": message})
+
+    def run(self) -> None:
+        gates = self._list("gates")
+        events = self._list("basic_events")
+        self._collect_ids(gates, events)
+        self._check_top()
+        for i, g in enumerate(gates):
+            self._check_gate(i, g)
+        self._check_events(events)
+        self._check_cycles()
+        self._check_reachability()
+
+    def _list(self, key: str) -> list[Any]:
+        value = self.tree.get(key, [])
+        if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+            return list(value)
+        self.error(key, f"'{key}' must be a list")
+        return []
+
+    def _collect_ids(self, gates: list[Any], events: list[Any]) -> None:
+        seen: dict[str, str] = {}
+        for key, items in (("gates", gates), ("basic_events", events)):
+            for i, item in enumerate(items):
+                path = f"{key}[{i}]"
+                if not isinstance(item, Mapping):
+                    self.error(path, "must be an object")
+                    continue
+                nid = item.get("id")
+                if not isinstance(nid, str) or not nid:
+                    self.error(f"{path}.id", "id must be a non-empty string")
+                    continue
+                if nid in seen:
+                    self.error(f"{path}.id", f"duplicate id '{nid}' (first defined at "
+                                             f"{seen[nid]})")
+                    continue
+                seen[nid] = path
+                if key == "basic_events":
+                    self.events[nid] = path
+                else:
+                    # Placeholder; filled by _check_gate (keeps first-definition order).
+                    self.gates[nid] = _Gate(nid, path, "", [], 0, None)
+
+    def _check_top(self) -> None:
+        top = self.tree.get("top")
+        if not isinstance(top, str) or not top:
+            self.error("top", "top must be the id of a gate or basic event")
+        elif top not in self.gates and top not in self.events:
+            self.error("top", f"top '{top}' is not defined as a gate or basic event")
+        else:
+            self.top = top
+
+    def _check_gate(self, i: int, g: Any) -> None:
+        path = f"gates[{i}]"
+        if not isinstance(g, Mapping):
+            return  # reported by _collect_ids
+        gid = g.get("id")
+        gate = self.gates.get(gid) if isinstance(gid, str) else None
+        if gate is not None and gate.path != path:
+            gate = None  # a duplicate: its references are still checked below
+        gtype = g.get("type")
+        if gtype not in GATE_TYPES:
+            self.error(f"{path}.type", f"unknown gate type {gtype!r} (expected one of "
+                                       f"{', '.join(GATE_TYPES)})")
+        raw_inputs = g.get("inputs")
+        inputs: list[str] = []
+        n = 0
+        if not isinstance(raw_inputs, Sequence) or isinstance(raw_inputs, str | bytes):
+            self.error(f"{path}.inputs", "inputs must be a list of ids")
+        else:
+            n = len(raw_inputs)
+            seen: set[str] = set()
+            for j, ref in enumerate(raw_inputs):
+                ipath = f"{path}.inputs[{j}]"
+                if not isinstance(ref, str):
+                    self.error(ipath, "input must be an id (string)")
+                    continue
+                if ref not in self.gates and ref not in self.events:
+                    self.error(ipath, f"'{ref}' names no gate or basic event")
+                if ref in seen:
+                    self.warn(ipath, f"'{ref}' is listed twice among the inputs of '{gid}'")
+                seen.add(ref)
+                inputs.append(ref)
+        k = 0
+        condition: str | None = None
+        if gtype in ("AND", "OR") and n < 2:
+            self.error(f"{path}.inputs", f"{gtype} gate '{gid}' needs at least 2 inputs, "
+                                         f"has {n}")
+        elif gtype in ("NOT", "INHIBIT") and n != 1:
+            self.error(f"{path}.inputs", f"{gtype} gate '{gid}' needs exactly 1 input, "
+                                         f"has {n}")
+        if gtype == "ATLEAST":
+            raw_k = g.get("k")
+            if isinstance(raw_k, bool) or not isinstance(raw_k, int):
+                self.error(f"{path}.k", f"ATLEAST gate '{gid}' needs an integer k")
+            elif n < 1:
+                self.error(f"{path}.inputs", f"ATLEAST gate '{gid}' has no inputs")
+            elif raw_k < 1 or raw_k > n:
+                self.error(f"{path}.k", f"k = {raw_k} is out of range for ATLEAST gate "
+                                        f"'{gid}' with {n} inputs (need 1 <= k <= {n})")
+            else:
+                k = raw_k
+        elif "k" in g and gtype in GATE_TYPES:
+            self.warn(f"{path}.k", f"k is ignored on a {gtype} gate")
+        raw_cond = g.get("condition")
+        if gtype == "INHIBIT":
+            if raw_cond is None:
+                self.error(f"{path}.condition", f"INHIBIT gate '{gid}' needs a condition "
+                                                "(a basic event)")
+            elif not isinstance(raw_cond, str):
+                self.error(f"{path}.condition", "condition must be a basic event id")
+            elif raw_cond in self.gates:
+                self.error(f"{path}.condition", f"condition '{raw_cond}' is a gate; it must "
+                                                "be a basic event")
+            elif raw_cond not in self.events:
+                self.error(f"{path}.condition", f"'{raw_cond}' names no basic event")
+            else:
+                condition = raw_cond
+        elif raw_cond is not None and gtype in GATE_TYPES:
+            self.warn(f"{path}.condition", f"condition is ignored on a {gtype} gate")
+        if gate is not None and isinstance(gtype, str):
+            gate.type, gate.inputs, gate.k, gate.condition = gtype, inputs, k, condition
+
+    def _check_events(self, events: list[Any]) -> None:
+        mission = self.tree.get("mission_time_h")
+        mission_ok = True
+        if mission is None:
+            mission_h = DEFAULT_MISSION_TIME_H
+        elif _is_number(mission) and math.isfinite(mission) and mission > 0:
+            mission_h = float(mission)
+        else:
+            self.error("mission_time_h", f"mission_time_h must be a positive number of hours, "
+                                         f"got {mission!r}")
+            mission_ok, mission_h = False, DEFAULT_MISSION_TIME_H
+        rate_without_mission = ""
+        for i, e in enumerate(events):
+            path = f"basic_events[{i}]"
+            if not isinstance(e, Mapping):
+                continue
+            eid = e.get("id")
+            first = isinstance(eid, str) and self.events.get(eid) == path
+            has_p, has_rate = "probability" in e, "failure_rate" in e
+            if has_p == has_rate:
+                which = "both" if has_p else "neither"
+                self.error(path, f"basic event '{eid}' has {which} of probability and "
+                                 "failure_rate (exactly one is required)")
+            elif has_p:
+                p = e["probability"]
+                if not _is_number(p) or not 0.0 <= p <= 1.0:
+                    self.error(f"{path}.probability", f"probability of '{eid}' must be a "
+                                                      f"number in [0, 1], got {p!r}")
+                elif first:
+                    self.probabilities[str(eid)] = float(p)
+            else:
+                rate = e["failure_rate"]
+                if not _is_number(rate) or not math.isfinite(rate) or rate < 0:
+                    self.error(f"{path}.failure_rate", f"failure_rate of '{eid}' must be a "
+                                                       f"number >= 0 per hour, got {rate!r}")
+                elif first and mission_ok:
+                    self.probabilities[str(eid)] = -math.expm1(-float(rate) * mission_h)
+                    if mission is None and not rate_without_mission:
+                        rate_without_mission = str(eid)
+            self._check_evidence(path, e)
+        if rate_without_mission:
+            self.warn("mission_time_h", f"no mission_time_h: failure rates (e.g. of "
+                                        f"'{rate_without_mission}') are converted over "
+                                        f"{DEFAULT_MISSION_TIME_H:g} h")
+
+    def _check_evidence(self, path: str, e: Mapping[str, Any]) -> None:
+        evidence = e.get("evidence")
+        if evidence is None:
+            return
+        if not isinstance(evidence, Mapping):
+            self.error(f"{path}.evidence", "evidence must be an object")
+            return
+        point = evidence.get("point")
+        if not isinstance(point, str):
+            self.error(f"{path}.evidence.point", "evidence needs a point (string)")
+        elif self.known_points is not None and point not in self.known_points:
+            self.error(f"{path}.evidence.point", f"evidence point '{point}' is not a known "
+                                                 "data point")
+
+    def _check_cycles(self) -> None:
+        """Report each cycle among gates once, at the input that closes it."""
+        state: dict[str, int] = {}  # 1: on the DFS stack, 2: done
+        reported: set[frozenset[str]] = set()
+        for root in self.gates:
+            if root in state:
+                continue
+            stack: list[tuple[str, Iterator[tuple[int, str]]]] = [
+                (root, iter(enumerate(self.gates[root].inputs)))]
+            on_path = [root]
+            state[root] = 1
+            while stack:
+                gid, it = stack[-1]
+                step = next(it, None)
+                if step is None:
+                    stack.pop()
+                    on_path.pop()
+                    state[gid] = 2
+                    continue
+                j, child = step
+                if child not in self.gates:
+                    continue
+                if state.get(child) == 1:
+                    cycle = on_path[on_path.index(child):] + [child]
+                    key = frozenset(cycle)
+                    if key not in reported:
+                        reported.add(key)
+                        self.error(f"{self.gates[gid].path}.inputs[{j}]",
+                                   "cycle: " + " -> ".join(cycle))
+                elif child not in state:
+                    state[child] = 1
+                    on_path.append(child)
+                    stack.append((child, iter(enumerate(self.gates[child].inputs))))
+
+    def _check_reachability(self) -> None:
+        if self.top is None:
+            return
+        reached = {self.top}
+        todo = [self.top]
+        while todo:
+            gate = self.gates.get(todo.pop())
+            if gate is None:
+                continue
+            refs = gate.inputs + ([gate.condition] if gate.condition else [])
+            for ref in refs:
+                if ref not in reached:
+                    reached.add(ref)
+                    todo.append(ref)
+        for gid, gate in self.gates.items():
+            if gid not in reached:
+                self.warn(gate.path, f"gate '{gid}' is not reachable from top '{self.top}'")
+        for eid, path in self.events.items():
+            if eid not in reached:
+                self.warn(path, f"basic event '{eid}' is not reachable from top "
+                                f"'{self.top}'")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and not math.isnan(x)
+
+
+# --------------------------------------------------------------------------------------------
+# Computation
+
+
+class _TooLarge(Exception):
+    """A computation bound was exceeded."""
+
+
+def _compute(checker: _Checker, result: dict[str, Any], *, max_cut_sets: int,
+             max_order: int) -> None:
+    from dd import autoref
+
+    assert checker.top is not None
+    order, gate_order = _orders(checker)
+    if len(order) > MAX_EVENTS:
+        checker.warn("basic_events", f"{len(order)} basic events under the top (more than "
+                                     f"{MAX_EVENTS}): not analysed")
+        return
+    bdd = autoref.BDD()
+    bdd.configure(reordering=False)
+    if order:
+        bdd.declare(*order)
+    try:
+        top = _build(bdd, checker, gate_order)
+    except _TooLarge:
+        checker.warn("top", f"the tree's BDD grew past {MAX_BDD_NODES} nodes: not analysed")
+        return
+    probs = checker.probabilities
+    result["top_probability"] = _probability(bdd, top, probs)
+    coherent = all(bdd.let({v: False}, top) <= bdd.let({v: True}, top) for v in top.support)
+    result["coherent"] = coherent
+    result["cut_set_kind"] = "minimal_cut_sets" if coherent else "prime_implicants"
+    if not coherent:
+        checker.warn("top", "the tree is non-coherent (its top event is not monotone in "
+                            "the basic events): minimal_cut_sets lists prime implicants, "
+                            "where 'NOT <id>' means that event does not occur")
+    if top == bdd.false:
+        checker.warn("top", "the top event can never occur (its logic is always false)")
+    elif top == bdd.true:
+        checker.warn("top", "the top event always occurs (its logic is always true)")
+
+    cubes, complete, reason = _bounded_prime_implicants(bdd, top, coherent, max_cut_sets,
+                                                        max_order)
+    result["cut_sets_complete"] = complete
+    if reason:
+        checker.warn("minimal_cut_sets", reason)
+    if cubes is None:
+        return
+    ordered = sorted((sorted(c, key=_literal_key) for c in cubes),
+                     key=lambda lits: (len(lits), [_literal_key(x) for x in lits]))
+    result["minimal_cut_sets"] = [[eid if pos else f"NOT {eid}" for eid, pos in lits]
+                                  for lits in ordered]
+    if coherent:
+        result["rare_event_approximation"] = math.fsum(
+            math.prod(probs[eid] for eid, _ in lits) for lits in ordered)
+
+
+def _literal_key(lit: _Literal) -> tuple[str, bool]:
+    return lit[0], not lit[1]
+
+
+def _orders(checker: _Checker) -> tuple[list[str], list[str]]:
+    """Variable order (basic events by depth-first first visit from the top: a good BDD
+    order for fault trees) and the reachable gates in post-order (inputs first)."""
+    assert checker.top is not None
+    events: list[str] = []
+    post: list[str] = []
+    seen: set[str] = set()
+    stack: list[tuple[str, bool]] = [(checker.top, False)]
+    while stack:
+        nid, expanded = stack.pop()
+        gate = checker.gates.get(nid)
+        if gate is None:
+            if nid not in seen:
+                seen.add(nid)
+                events.append(nid)
+            continue
+        if expanded:
+            post.append(nid)
+            continue
+        if nid in seen:
+            continue
+        seen.add(nid)
+        stack.append((nid, True))
+        refs = gate.inputs + ([gate.condition] if gate.condition else [])
+        stack.extend((ref, False) for ref in reversed(refs))
+    return events, post
+
+
+def _build(bdd: BDD, checker: _Checker, gate_order: list[str]) -> Function:
+    assert checker.top is not None
+    funcs: dict[str, Function] = {}
+
+    def node(nid: str) -> Function:
+        return funcs[nid] if nid in funcs else bdd.var(nid)
+
+    for gid in gate_order:
+        gate = checker.gates[gid]
+        xs = [node(ref) for ref in gate.inputs]
+        if gate.type == "AND":
+            f = bdd.true
+            for x in xs:
+                f = f & x
+        elif gate.type == "OR":
+            f = bdd.false
+            for x in xs:
+                f = f | x
+        elif gate.type == "ATLEAST":
+            # atleast[j]: at least j of the inputs seen so far are true.
+            atleast = [bdd.true] + [bdd.false] * gate.k
+            for x in xs:
+                for j in range(gate.k, 0, -1):
+                    atleast[j] = atleast[j] | (atleast[j - 1] & x)
+            f = atleast[gate.k]
+        elif gate.type == "NOT":
+            f = ~xs[0]
+        else:  # INHIBIT
+            assert gate.condition is not None
+            f = xs[0] & bdd.var(gate.condition)
+        funcs[gid] = f
+        if len(bdd) > MAX_BDD_NODES:
+            raise _TooLarge
+    return node(checker.top)
+
+
+def _cofactors(f: Function) -> tuple[Function, Function]:
+    """(f with its top variable false, f with it true), minding complemented edges."""
+    low, high = f.low, f.high
+    assert low is not None and high is not None
+    return (~low, ~high) if f.negated else (low, high)
+
+
+def _probability(bdd: BDD, f: Function, probs: Mapping[str, float]) -> float:
+    """Exact P(f) for independent variables, by Shannon expansion over the BDD.
+
+    Each regular node keeps (P(node), P(not node)) so that complemented edges never compute
+    1 - P: small probabilities keep full relative precision.
+    """
+    memo: dict[int, tuple[float, float]] = {}
+
+    def pq(u: Function) -> tuple[float, float]:
+        if u == bdd.true:
+            return 1.0, 0.0
+        if u == bdd.false:
+            return 0.0, 1.0
+        key = abs(int(u))
+        if key not in memo:
+            regular = ~u if u.negated else u
+            low, high = _cofactors(regular)
+            p = probs[str(regular.var)]
+            (p0, q0), (p1, q1) = pq(low), pq(high)
+            memo[key] = (p * p1 + (1.0 - p) * p0, p * q1 + (1.0 - p) * q0)
+        p_u, q_u = memo[key]
+        return (q_u, p_u) if u.negated else (p_u, q_u)
+
+    return min(1.0, max(0.0, pq(f)[0]))
+
+
+class _PrimeImplicants:
+    """Prime implicants of at most ``order`` literals (Coudert & Madre's recursion)::
+
+        PI(f) = PI(f0 & f1) | x.(PI(f1) - PI(f0 & f1)) | ~x.(PI(f0) - PI(f0 & f1))
+
+    with f0, f1 the cofactors of f on its top variable x. Restricting every set to cubes of
+    at most ``order`` literals gives exactly the prime implicants of that size (membership of
+    a short cube in PI(f0 & f1) only depends on the short ones). For a monotone f, f0 <= f1,
+    so f0 & f1 == f0 and this is Rauzy's minimal-cut-set recursion. Raises ``_TooLarge``
+    when a set exceeds ``max_sets``.
+    """
+
+    def __init__(self, bdd: BDD, order: int, max_sets: int) -> None:
+        self.bdd, self.order, self.max_sets = bdd, order, max_sets
+        self.memo: dict[int, tuple[Function, frozenset[_Cube]]] = {}
+        self.dropped = False  # some cube was left out for being too long
+
+    def __call__(self, f: Function) -> frozenset[_Cube]:
+        if f == self.bdd.false:
+            return frozenset()
+        if f == self.bdd.true:
+            return frozenset({frozenset()})
+        hit = self.memo.get(int(f))
+        if hit is not None:
+            return hit[1]
+        x = str(f.var)
+        f0, f1 = _cofactors(f)
+        both = f0 & f1
+        p_both = self(both)
+        out = set(p_both)
+        for cubes, positive in ((self(f1), True), (self(f0), False)):
+            for c in cubes - p_both:
+                if len(c) < self.order:
+                    out.add(c | {(x, positive)})
+                else:
+                    self.dropped = True
+        if len(out) > self.max_sets:
+            raise _TooLarge
+        result = frozenset(out)
+        self.memo[int(f)] = (f, result)  # keeps f (so its node) alive while memoised
+        return result
+
+
+def _bounded_prime_implicants(
+    bdd: BDD, top: Function, coherent: bool, max_sets: int, max_order: int,
+) -> tuple[frozenset[_Cube] | None, bool, str]:
+    """Prime implicants within the bounds: (cubes or None, complete, warning or "")."""
+    order = max_order
+    while order >= 1:
+        pi = _PrimeImplicants(bdd, order, max_sets)
+        try:
+            cubes = pi(top)
+        except _TooLarge:
+            order -= 1
+            continue
+        what = "minimal cut sets" if coherent else "prime implicants"
+        if order < max_order:
+            return cubes, False, (
+                f"more than {max_sets} {what} (or intermediate sets) of order <= "
+                f"{order + 1}: only the {len(cubes)} of order <= {order} are listed")
+        if not pi.dropped:
+            return cubes, True, ""
+        if coherent and _covers(bdd, cubes, top):
+            # Every minimal cut set of a coherent tree is needed to cover the top event.
+            return cubes, True, ""
+        return cubes, False, (
+            f"{what} of more than {max_order} events "
+            f"{'exist' if coherent else 'may exist'} and are not listed")
+    return None, False, (f"more than {max_sets} cut sets even of order 1 (or intermediate "
+                         "sets): none listed")
+
+
+def _covers(bdd: BDD, cubes: frozenset[_Cube], top: Function) -> bool:
+    union = bdd.false
+    for cube in cubes:
+        term = bdd.true
+        for eid, positive in cube:
+            v = bdd.var(eid)
+            term = term & (v if positive else ~v)
+        union = union | term
+    return bool(union == top)

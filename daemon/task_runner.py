@@ -1,0 +1,126 @@
+"""Answer one task request on an engine: input check -> prompt -> schema-constrained
+generation -> parse -> validation. Every outcome is a ``TaskResult``; failures carry one of
+the contract's error codes (``bad_request``, ``unknown_task``, ``too_long``, ``truncated``,
+``invalid_output``) and never a half object presented as valid.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rung.daemon.tasks import Task, TaskError
+from rung.daemon.validate import validate_output
+from rung.engines import Engine
+from rung.engines.errors import TokenizerError
+from rung.engines.generate import Generation, generate
+from rung.engines.grammar import GrammarCompiler, GrammarError
+from rung.engines.sampler import SamplingParams
+from rung.engines.tokenizer import Tokenizer
+
+
+@dataclass
+class TaskResult:
+    task: str
+    ok: bool
+    output: Any | None
+    validation: dict[str, Any] | None
+    error: dict[str, str] | None
+    generation: Generation | None
+
+
+def _fail(task: str, code: str, message: str,
+          generation: Generation | None = None) -> TaskResult:
+    return TaskResult(task, False, None, None, {"code": code, "message": message}, generation)
+
+
+class TaskRunner:
+    """Owns the compiled grammars of a set of tasks for one engine (compiled at start-up:
+    a schema that cannot be enforced stops the start, it is never served unconstrained)."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, tasks: Mapping[str, Task],
+                 engine_dir: Path) -> None:
+        self.engine, self.tokenizer, self.tasks = engine, tokenizer, dict(tasks)
+        self.compiler = GrammarCompiler(Path(engine_dir) / "tokenizer.json",
+                                        tokenizer.eos_token_ids,
+                                        engine.manifest.dims.vocab_size)
+        self.grammars: dict[str, str] = {}
+        for name, task in self.tasks.items():
+            try:
+                self.grammars[name] = self.compiler.compile(task.output_schema)
+            except GrammarError as e:
+                raise TaskError(f"{task.path}: key 'output_schema': {e.message}", e.hint) from e
+
+    def run(self, requests: Sequence[tuple[str, Any]],
+            params: SamplingParams | Sequence[SamplingParams],
+            max_tokens: int | None = None) -> list[TaskResult]:
+        """Answer ``(task name, input)`` requests as one batch (sampling: one for all or one
+        per request); each answer gets at most ``max_tokens`` (default: the task's own)."""
+        all_params = ([params] * len(requests) if isinstance(params, SamplingParams)
+                      else list(params))
+        results: list[TaskResult | None] = []
+        prompts, constraints, todo, per_row = [], [], [], []
+        max_seq = self.engine.manifest.dims.max_seq
+        for (name, data), req_params in zip(requests, all_params, strict=True):
+            task = self.tasks.get(name)
+            if task is None:
+                results.append(_fail(name, "unknown_task", f"no task named {name!r}"))
+                continue
+            try:
+                task.check_input(data)
+                ids = self._encode(task.messages(data))
+            except TaskError as e:
+                results.append(_fail(name, "bad_request", e.message))
+                continue
+            if len(ids) >= max_seq:
+                results.append(_fail(name, "too_long", f"prompt of {len(ids)} tokens does not "
+                                     f"fit the engine's context of {max_seq}"))
+                continue
+            results.append(None)
+            prompts.append(ids)
+            constraints.append(self.compiler.constraint(self.grammars[name]))
+            todo.append(len(results) - 1)
+            per_row.append(replace(req_params, stop=(),
+                                   max_tokens=min(max_tokens or task.max_tokens,
+                                                  task.max_tokens)))
+        if prompts:
+            gens = generate(self.engine, self.tokenizer, prompts, per_row,
+                            constraints=constraints)
+            for slot, gen in zip(todo, gens, strict=True):
+                name, data = requests[slot]
+                results[slot] = self._finish(self.tasks[name], data, gen)
+        return [r for r in results if r is not None]
+
+    def _encode(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of the chat; a template without a system role gets the system prompt
+        at the head of the user message instead."""
+        try:
+            return self.tokenizer.encode_chat(messages)
+        except TokenizerError:
+            if messages[0]["role"] != "system":
+                raise
+            merged = f"{messages[0]['content']}\n\n{messages[1]['content']}"
+            return self.tokenizer.encode_chat([{"role": "user", "content": merged}])
+
+    def _finish(self, task: Task, data: Any, gen: Generation) -> TaskResult:
+        if gen.finish_reason == "length":
+            return _fail(task.name, "truncated", f"max_tokens reached after "
+                         f"{len(gen.token_ids)} tokens before the JSON closed", gen)
+        try:
+            output = json.loads(gen.text)
+        except json.JSONDecodeError as e:
+            return _fail(task.name, "invalid_output", f"output is not JSON ({e})", gen)
+        ok, validation = validate_output(task.output_schema, task.validators, output, data)
+        error = None if ok else {"code": "invalid_output", "message": _first_error(validation)}
+        return TaskResult(task.name, ok, output, validation, error, gen)
+
+
+def _first_error(validation: Mapping[str, Any]) -> str:
+    for name, section in validation.items():
+        if isinstance(section, dict) and not section.get("ok", True):
+            errs = section.get("errors") or [{}]
+            return f"{name}: {errs[0].get('message', 'failed')}"
+    return "validation failed"

@@ -1,0 +1,108 @@
+"""Schema-constrained decoding with llguidance, on numpy (no torch).
+
+A ``GrammarCompiler`` is built once per engine from its ``tokenizer.json``; it turns a JSON
+Schema into a grammar (compact JSON, no free whitespace) and refuses a schema with any
+keyword llguidance cannot enforce, naming it: rung never falls back to unconstrained
+generation. A ``Constraint`` follows one sequence: ``allowed()`` gives the token mask for
+the next step, ``consume()`` advances it with the sampled token.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import llguidance
+import numpy as np
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+from rung.engines.errors import RungError
+
+if TYPE_CHECKING:  # a stub-only type
+    from llguidance._lib import JsonCompileOptions
+
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+
+
+class GrammarError(RungError):
+    """A schema cannot be enforced, or a constraint broke while decoding."""
+
+
+def unenforceable_keywords(schema: dict[str, Any]) -> list[str]:
+    """The schema keywords llguidance cannot enforce (empty list = all enforceable)."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if not is_error:
+        return []
+    found = re.findall(r'"([^"]+)"', " ".join(m for m in messages if "nimplemented" in m))
+    return found or [m for m in messages]
+
+
+class GrammarCompiler:
+    """Compiles JSON Schemas for one tokenizer."""
+
+    def __init__(self, tokenizer_json: Path, eos_ids: Sequence[int], vocab_size: int) -> None:
+        try:
+            self.tokenizer = llguidance.LLTokenizer(
+                Path(tokenizer_json).read_text(encoding="utf-8"), n_vocab=vocab_size,
+                eos_token=list(eos_ids) if eos_ids else None)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise GrammarError(f"{tokenizer_json}: llguidance cannot use this tokenizer ({e})",
+                               "export the model with a tokenizer.json from `tokenizers`") from e
+        self.vocab_size = vocab_size
+        self._cache: dict[str, str] = {}
+
+    def compile(self, schema: dict[str, Any]) -> str:
+        """The grammar for ``schema``.
+
+        Raises:
+            GrammarError: a keyword the constraint engine cannot enforce, or a bad schema.
+        """
+        key = json.dumps(schema, sort_keys=True)
+        if key in self._cache:
+            return self._cache[key]
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, self.tokenizer)
+        if is_error:
+            bad = unenforceable_keywords(schema)
+            raise GrammarError(f"schema cannot be enforced: {'; '.join(messages)}",
+                               f"remove or rewrite {', '.join(bad)}" if bad else None)
+        self._cache[key] = grammar
+        return grammar
+
+    def constraint(self, grammar: str) -> Constraint:
+        return Constraint(llguidance.LLMatcher(self.tokenizer, grammar), self.vocab_size)
+
+
+class Constraint:
+    """One sequence's position in its grammar."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self._bits = allocate_token_bitmask(1, vocab_size)
+        self.mask_seconds: list[float] = []  # time to compute each step's mask
+
+    def allowed(self) -> np.ndarray:
+        """Boolean mask [V]: tokens the grammar accepts next (EOS once it is complete)."""
+        t0 = time.perf_counter()
+        fill_next_token_bitmask(self.matcher, self._bits, 0)
+        mask = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size]
+        self.mask_seconds.append(time.perf_counter() - t0)
+        if self.matcher.is_error():
+            raise GrammarError(f"constraint failed: {self.matcher.get_error()}")
+        return mask.astype(bool)
+
+    def consume(self, token: int) -> None:
+        if not self.matcher.consume_token(token):
+            raise GrammarError(f"constraint rejected token {token}: {self.matcher.get_error()}")
+
+    @property
+    def accepting(self) -> bool:
+        """The text so far is a complete document of the grammar."""
+        return bool(self.matcher.is_accepting())
