@@ -149,3 +149,49 @@ def load_tasks(directory: Path | None = None) -> dict[str, Task]:
                             f"{tasks[task.name].path}")
         tasks[task.name] = task
     return tasks
+
+
+@dataclass(frozen=True)
+class AdhocLimits:
+    """Bounds on a schema that arrives with a request (off unless the config enables it)."""
+
+    enabled: bool = False
+    max_bytes: int = 8192
+    max_depth: int = 8
+    max_tokens: int = 512
+
+
+def _depth(node: Any, level: int = 0) -> int:
+    if isinstance(node, dict):
+        return max([level, *(_depth(v, level + 1) for v in node.values())])
+    if isinstance(node, list):
+        return max([level, *(_depth(v, level + 1) for v in node)])
+    return level
+
+
+def adhoc_task(schema: Any, limits: AdhocLimits, base: Task) -> Task:
+    """A one-off task: ``base``'s prompts with a request-supplied output schema.
+
+    Raises:
+        TaskError: ad-hoc schemas are disabled, too large, too deep, invalid, or use a
+            keyword the constraint engine cannot enforce.
+    """
+    import json
+
+    if not limits.enabled:
+        raise TaskError("ad-hoc output schemas are disabled",
+                        "enable tasks.adhoc in the config or use a configured task")
+    if not isinstance(schema, dict):
+        raise TaskError("ad-hoc schema must be a JSON object")
+    size = len(json.dumps(schema))
+    if size > limits.max_bytes:
+        raise TaskError(f"ad-hoc schema of {size} bytes exceeds {limits.max_bytes}")
+    depth = _depth(schema)
+    if depth > limits.max_depth:
+        raise TaskError(f"ad-hoc schema nesting depth {depth} exceeds {limits.max_depth}")
+    _check_schema(Path("<request>"), "output_schema", schema)
+    return Task(name=f"{base.name}+adhoc", description=base.description,
+                system_prompt=base.system_prompt, prompt_template=base.prompt_template,
+                input_schema=base.input_schema, output_schema=schema,
+                max_tokens=min(base.max_tokens, limits.max_tokens), validators=(),
+                path=base.path)

@@ -153,3 +153,35 @@ def test_error_calibrate_without_text(checkpoints: dict[str, tuple[Path, Any]],
     _assert_one_line_error(_rung("export", str(checkpoints["llama"][0]), "-o",
                                  str(tmp_path / "e"), "--ffn-skip", "calibrate"),
                            "--calib-text")
+
+
+def test_generate_task_json_reports_output_and_validation(
+        task_engine: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = {"asset": "Pump 3", "points": [{"name": "oil_temp", "value": 91.0,
+                                           "limits": {"alarm": 85}}]}
+    rc = main(["generate", str(task_engine), "--task", "diagnosis", "--input",
+               json.dumps(data), "--json", "--seed", "4", "--temperature", "1.0"])
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["task"] == "diagnosis" and set(doc) >= {
+        "text", "token_ids", "finish_reason", "output", "validation", "timings",
+        "ffn_skip_ratio"}
+    if doc["ok"]:
+        assert rc == 0 and doc["validation"]["schema"]["ok"] and "error" not in doc
+    else:  # a random model: truncated, or valid JSON that fails the semantic checks
+        assert rc == 1 and doc["error"]["code"] in ("truncated", "invalid_output")
+        assert captured.err.strip().startswith(f"rung: error: {doc['error']['code']}")
+        if doc["error"]["code"] == "truncated":
+            assert doc["output"] is None and doc["finish_reason"] == "length"
+
+
+def test_generate_task_errors(task_engine: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", str(task_engine), "--task", "haiku", "--input", "{}",
+                 "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["code"] == "unknown_task" and doc["finish_reason"] == "error"
+    assert main(["generate", str(task_engine), "--task", "st_code", "--input",
+                 '{"description": 5}', "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "bad_request"
+    _assert_one_line_error(_rung("generate", str(task_engine), "--task", "st_code",
+                                 "--input", "{not json"), "--input is not valid JSON")
