@@ -56,6 +56,8 @@ MAX_EVENTS: Final = 400
 
 GATE_TYPES: Final = ("AND", "OR", "ATLEAST", "NOT", "INHIBIT")
 
+_CREATED_PER_SET: Final = 10  # cubes built while enumerating, per cube allowed in the answer
+
 _Issue = dict[str, str]
 _Literal = tuple[str, bool]  # (basic event id, True for "occurs", False for "NOT")
 _Cube = frozenset[_Literal]
@@ -557,13 +559,18 @@ class _PrimeImplicants:
     at most ``order`` literals gives exactly the prime implicants of that size (membership of
     a short cube in PI(f0 & f1) only depends on the short ones). For a monotone f, f0 <= f1,
     so f0 & f1 == f0 and this is Rauzy's minimal-cut-set recursion. Raises ``_TooLarge``
-    when a set exceeds ``max_sets``.
+    when a set exceeds ``max_sets`` or more than ``_CREATED_PER_SET * max_sets`` cubes were
+    built in all.
     """
 
     def __init__(self, bdd: BDD, order: int, max_sets: int) -> None:
         self.bdd, self.order, self.max_sets = bdd, order, max_sets
         self.memo: dict[int, tuple[Function, frozenset[_Cube]]] = {}
-        self.dropped = False  # some cube was left out for being too long
+        # Some cube was left out for being too long. A prime implicant of f0, f1 or f0 & f1
+        # longer than the order makes one of f too (it either is one or gains a literal),
+        # so this flag, raised anywhere under f, says exactly whether f has one.
+        self.dropped = False
+        self.created = 0  # cubes built, all nodes together: bounds memory
 
     def __call__(self, f: Function) -> frozenset[_Cube]:
         if f == self.bdd.false:
@@ -582,9 +589,10 @@ class _PrimeImplicants:
             for c in cubes - p_both:
                 if len(c) < self.order:
                     out.add(c | {(x, positive)})
+                    self.created += 1
                 else:
                     self.dropped = True
-        if len(out) > self.max_sets:
+        if len(out) > self.max_sets or self.created > _CREATED_PER_SET * self.max_sets:
             raise _TooLarge
         result = frozenset(out)
         self.memo[int(f)] = (f, result)  # keeps f (so its node) alive while memoised
@@ -594,38 +602,25 @@ class _PrimeImplicants:
 def _bounded_prime_implicants(
     bdd: BDD, top: Function, coherent: bool, max_sets: int, max_order: int,
 ) -> tuple[frozenset[_Cube] | None, bool, str]:
-    """Prime implicants within the bounds: (cubes or None, complete, warning or "")."""
-    order = max_order
-    while order >= 1:
+    """Prime implicants within the bounds: (cubes or None, complete, warning or "").
+
+    Tries ``max_order`` first, then lower orders while a set grows past ``max_sets``.
+    Completeness is exact: a cube left out anywhere in the recursion means the top event has
+    a prime implicant longer than the order (see :class:`_PrimeImplicants`).
+    """
+    what = "minimal cut sets" if coherent else "prime implicants"
+    for order in range(max_order, 0, -1):
         pi = _PrimeImplicants(bdd, order, max_sets)
         try:
             cubes = pi(top)
         except _TooLarge:
-            order -= 1
             continue
-        what = "minimal cut sets" if coherent else "prime implicants"
-        if order < max_order:
-            return cubes, False, (
-                f"more than {max_sets} {what} (or intermediate sets) of order <= "
-                f"{order + 1}: only the {len(cubes)} of order <= {order} are listed")
         if not pi.dropped:
             return cubes, True, ""
-        if coherent and _covers(bdd, cubes, top):
-            # Every minimal cut set of a coherent tree is needed to cover the top event.
-            return cubes, True, ""
-        return cubes, False, (
-            f"{what} of more than {max_order} events "
-            f"{'exist' if coherent else 'may exist'} and are not listed")
-    return None, False, (f"more than {max_sets} cut sets even of order 1 (or intermediate "
-                         "sets): none listed")
-
-
-def _covers(bdd: BDD, cubes: frozenset[_Cube], top: Function) -> bool:
-    union = bdd.false
-    for cube in cubes:
-        term = bdd.true
-        for eid, positive in cube:
-            v = bdd.var(eid)
-            term = term & (v if positive else ~v)
-        union = union | term
-    return bool(union == top)
+        if order < max_order:
+            return cubes, False, (
+                f"more than {max_sets} {what} (or intermediate sets) of at most {order + 1} "
+                f"events: only the {len(cubes)} of at most {order} events are listed")
+        return cubes, False, f"{what} of more than {max_order} events exist and are not listed"
+    return None, False, (f"more than {max_sets} {what} (or intermediate sets) even of one "
+                         "event: none listed")

@@ -24,7 +24,7 @@ def _evaluator(tree: Mapping[str, Any]) -> Callable[[Mapping[str, bool]], bool]:
 
     def ev(nid: str, state: Mapping[str, bool]) -> bool:
         if nid not in gates:
-            return state[nid]
+            return bool(state[nid])
         g = gates[nid]
         vals = [ev(i, state) for i in g["inputs"]]
         match g["type"]:
@@ -33,7 +33,7 @@ def _evaluator(tree: Mapping[str, Any]) -> Callable[[Mapping[str, bool]], bool]:
             case "OR":
                 return any(vals)
             case "ATLEAST":
-                return sum(vals) >= g["k"]
+                return sum(vals) >= int(g["k"])
             case "NOT":
                 return not vals[0]
             case "INHIBIT":
@@ -279,6 +279,17 @@ def test_random_trees_match_brute_force(allow_not: bool) -> None:
             assert r["rare_event_approximation"] == pytest.approx(rare, rel=1e-12)
 
 
+@pytest.mark.parametrize("allow_not", [False, True])
+def test_order_bound_lists_exactly_the_short_ones_and_knows_it(allow_not: bool) -> None:
+    rng = random.Random(11 + allow_not)
+    for _ in range(20):
+        tree = _random_tree(rng, n_events=6, n_gates=7, allow_not=allow_not)
+        everything = brute_force_prime_implicants(tree)
+        r = analyze_fault_tree(tree, max_order=2)
+        assert r["minimal_cut_sets"] == [cs for cs in everything if len(cs) <= 2], tree
+        assert r["cut_sets_complete"] is all(len(cs) <= 2 for cs in everything), tree
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors and warnings
 
@@ -460,6 +471,30 @@ def test_count_bound_falls_back_to_lower_order() -> None:
     assert any("more than 100" in w["message"] for w in r["warnings"])
     assert r["top_probability"] == full["top_probability"]
     assert r["rare_event_approximation"] == pytest.approx(0.002, rel=1e-12)
+
+
+def test_parity_tree_has_only_long_prime_implicants() -> None:
+    # E0 xor E1 xor ... xor E9: 2^9 prime implicants, each of all 10 events.
+    gates: list[dict[str, Any]] = []
+    prev = "E0"
+    for i in range(1, 10):
+        gates += [
+            {"id": f"NP{i}", "type": "NOT", "inputs": [prev]},
+            {"id": f"NE{i}", "type": "NOT", "inputs": [f"E{i}"]},
+            {"id": f"A{i}", "type": "AND", "inputs": [prev, f"NE{i}"]},
+            {"id": f"B{i}", "type": "AND", "inputs": [f"NP{i}", f"E{i}"]},
+            {"id": f"X{i}", "type": "OR", "inputs": [f"A{i}", f"B{i}"]},
+        ]
+        prev = f"X{i}"
+    tree = {"top": prev, "gates": gates,
+            "basic_events": _events({f"E{i}": 0.1 for i in range(10)})}
+    r = analyze_fault_tree(tree)
+    assert r["coherent"] is False and r["minimal_cut_sets"] == []
+    assert r["cut_sets_complete"] is False
+    assert r["top_probability"] == pytest.approx((1 - 0.8**10) / 2, rel=1e-12)
+    r = analyze_fault_tree(tree, max_order=10)
+    assert len(r["minimal_cut_sets"]) == 512 and r["cut_sets_complete"] is True
+    assert r["minimal_cut_sets"][0] == [f"E{i}" for i in range(9)] + ["NOT E9"]
 
 
 def test_default_bound_does_not_hang() -> None:
