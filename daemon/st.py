@@ -602,40 +602,6 @@ def _call_errors(call: Node, scope: _Scope, pos: _Positions,
             errors.append(pos.error(param, f"'{pos.text(param)}' is not an {kind} of {declared} "
                                            f"({kind}s: {valid})"))
     return errors
-    name = pos.text(target)
-    key = name.upper()
-    declared = scope.types.get(key)
-    if declared is None:
-        if key in _FB_INPUTS:
-            errors.append(pos.error(target, f"'{name}' is a function block type: declare an "
-                                            f"instance (e.g. inst : {key};) and call that"))
-        elif not _is_function(key) and key not in KEYWORDS:
-            errors.append(pos.error(target, f"undeclared identifier '{name}'"))
-        return errors
-    if key == scope.pou_name and scope.pou_type == "FUNCTION":
-        return errors  # recursion: not IEC, but the name is declared; leave it to the IDE
-    if _has_no_members(declared):
-        errors.append(pos.error(target, f"'{name}' is a {declared}, not a function block "
-                                        "instance: it cannot be called"))
-        return errors
-    if declared not in _FB_INPUTS:
-        return errors
-    args = call.child_by_field_name("arguments")
-    for arg in args.named_children if args is not None else []:
-        if arg.type != "named_argument":
-            continue
-        param = arg.child_by_field_name("name")
-        if param is None:
-            continue
-        pname = pos.text(param).upper()
-        is_output = any(c.type == "=>" for c in arg.children)
-        table = _FB_OUTPUTS[declared] if is_output else _FB_INPUTS[declared]
-        if pname not in table:
-            kind = "output" if is_output else "input"
-            valid = ", ".join(table)
-            errors.append(pos.error(param, f"'{pos.text(param)}' is not an {kind} of {declared} "
-                                           f"({kind}s: {valid})"))
-    return errors
 
 
 def _member_errors(access: Node, scope: _Scope, pos: _Positions) -> list[dict[str, Any]]:

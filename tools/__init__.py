@@ -1,0 +1,1 @@
+"""Offline tools for rung: the training-corpus generator for the demo model (``corpus``)."""

@@ -1,0 +1,25 @@
+"""The ``st_code`` task of the corpus: one IEC 61131-3 POU per sample, from an archetype table.
+
+Each archetype is a builder ``Kit -> (input, output)`` (see ``corpus_st_kit``); the table maps
+its name to it. Every POU is meant to pass ``rung.daemon.st.validate_pou``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from rung.tools.corpus_st_control import CONTROL
+from rung.tools.corpus_st_kit import Kit
+from rung.tools.corpus_st_logic import LOGIC
+
+Builder = Callable[[Kit], tuple[dict[str, Any], dict[str, Any]]]
+
+ARCHETYPES: dict[str, Builder] = {**CONTROL, **LOGIC}
+"""Archetype name -> builder."""
+
+
+def st_sample(rng: random.Random, archetype: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One ``(input, output)`` pair of the ``st_code`` task from ``archetype``."""
+    return ARCHETYPES[archetype](Kit(rng))

@@ -1,0 +1,243 @@
+"""Train the shipped demo model (``models/edge-tiny``) from the task corpus, on CPU.
+
+    python -m rung.tools.train --out models/edge-tiny [--samples 6000] [--minutes 45]
+
+1. Corpus: ``rung.tools.corpus.generate`` (seeded) -> chats rendered from the built-in task
+   definitions (system prompt, user prompt template) with the answer as compact JSON.
+2. Tokenizer: byte-level BPE trained with ``tokenizers`` on those chats, ChatML special
+   tokens and chat template.
+3. Model: rung's own Llama-architecture decoder (``rung.export.model``) with FFN gates
+   trained jointly: soft skip decisions on the answer tokens with a sparsity term, the gate
+   temperature annealed towards a hard decision.
+4. Output in Hugging Face layout: config.json, model.safetensors (gates included),
+   tokenizer.json, tokenizer_config.json, generation_config.json, training_log.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from rung.daemon.tasks import Task, load_tasks
+from rung.export.arch import parse_config
+from rung.export.model import RungForCausalLM
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    samples: int = 6000
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    intermediate_size: int = 704
+    num_layers: int = 6
+    num_heads: int = 8
+    num_kv_heads: int = 4
+    max_seq: int = 1024
+    batch_tokens: int = 6144          # tokens per optimizer step (padded)
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    minutes: float = 45.0             # wall-clock budget; the schedule follows it
+    max_steps: int = 100_000
+    sparsity: float = 0.02            # weight of the skip reward
+    gate_temperature: tuple[float, float] = (1.0, 0.05)
+    threads: int = 2
+
+
+def chat_text(task: Task, data: dict[str, Any], answer: dict[str, Any] | None) -> str:
+    """The ChatML text the model is trained on and served with."""
+    msgs = task.messages(data)
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
+    text += "<|im_start|>assistant\n"
+    if answer is not None:
+        text += json.dumps(answer, separators=(",", ":"), ensure_ascii=False) + "<|im_end|>"
+    return text
+
+
+def build_tokenizer(texts: Sequence[str], vocab_size: int) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def encode_samples(tok: Tokenizer, tasks: dict[str, Task], samples: Sequence[dict[str, Any]],
+                   max_seq: int) -> list[tuple[list[int], int]]:
+    """(token ids, index where the answer starts); samples longer than max_seq dropped."""
+    out = []
+    for s in samples:
+        task = tasks[s["task"]]
+        prompt = tok.encode(chat_text(task, s["input"], None)).ids
+        full = tok.encode(chat_text(task, s["input"], s["output"])).ids
+        if len(full) <= max_seq:
+            out.append((full, len(prompt)))
+    return out
+
+
+def model_config(cfg: TrainConfig, tok: Tokenizer) -> dict[str, Any]:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": tok.get_vocab_size(), "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+            "max_position_embeddings": cfg.max_seq, "rope_theta": 10000.0,
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "hidden_act": "silu",
+            "bos_token_id": None, "eos_token_id": tok.token_to_id("<|im_end|>"),
+            "pad_token_id": tok.token_to_id("<|endoftext|>"), "dtype": "float32"}
+
+
+def batches(data: list[tuple[list[int], int]], batch_tokens: int,
+            rng: random.Random) -> list[list[int]]:
+    """Index batches of similar lengths, each at most ``batch_tokens`` padded tokens."""
+    order = sorted(range(len(data)), key=lambda i: (len(data[i][0]), rng.random()))
+    out, cur, longest = [], [], 0
+    for i in order:
+        longest_if = max(longest, len(data[i][0]))
+        if cur and longest_if * (len(cur) + 1) > batch_tokens:
+            out.append(cur)
+            cur, longest_if = [], len(data[i][0])
+        cur.append(i)
+        longest = longest_if
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def collate(data: list[tuple[list[int], int]], idx: list[int],
+            pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = max(len(data[i][0]) for i in idx)
+    ids = torch.full((len(idx), n), pad, dtype=torch.long)
+    answer = torch.zeros((len(idx), n), dtype=torch.bool)
+    mask = torch.zeros((len(idx), n), dtype=torch.long)
+    for row, i in enumerate(idx):
+        toks, start = data[i]
+        ids[row, :len(toks)] = torch.tensor(toks)
+        answer[row, start:len(toks)] = True
+        mask[row, :len(toks)] = 1
+    return ids, answer, mask
+
+
+def train(cfg: TrainConfig, samples: Sequence[dict[str, Any]], out: Path,
+          log: Any = sys.stderr) -> dict[str, Any]:
+    """Train and write the checkpoint to ``out``; returns the training log."""
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    rng = random.Random(cfg.seed)
+    tasks = dict(load_tasks())
+    texts = [chat_text(tasks[s["task"]], s["input"], s["output"]) for s in samples]
+    tok = build_tokenizer(texts, cfg.vocab_size)
+    data = encode_samples(tok, tasks, samples, cfg.max_seq)
+    hf_cfg = model_config(cfg, tok)
+    model = RungForCausalLM(parse_config(hf_cfg), cfg.max_seq)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.normal_(0.0, 0.02)
+    model.add_ffn_gates(cfg.gate_temperature[0])
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01,
+                            betas=(0.9, 0.95))
+    pad = hf_cfg["pad_token_id"]
+    history: list[dict[str, float]] = []
+    t0, step, epoch = time.perf_counter(), 0, 0
+    budget = cfg.minutes * 60
+    while step < cfg.max_steps and time.perf_counter() - t0 < budget:
+        epoch += 1
+        for idx in batches(data, cfg.batch_tokens, rng):
+            frac = min((time.perf_counter() - t0) / budget, 1.0)
+            if frac >= 1.0 or step >= cfg.max_steps:
+                break
+            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (
+                1 + math.cos(math.pi * frac))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            t_hi, t_lo = cfg.gate_temperature
+            for layer in model.model.layers:
+                assert layer.mlp.ffn_gate is not None
+                layer.mlp.ffn_gate.temperature = t_hi * (t_lo / t_hi) ** frac
+            ids, answer, mask = collate(data, idx, pad)
+            logits = model(ids, attention_mask=mask, gate_positions=answer)
+            target = answer[:, 1:]
+            ce = torch.nn.functional.cross_entropy(logits[:, :-1][target], ids[:, 1:][target])
+            skip = torch.stack([(p * answer).sum() / answer.sum()
+                                for p in model.skip_probs()]).mean()
+            loss = ce - cfg.sparsity * skip
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            if step % 10 == 0 or step == 1:
+                rec = {"step": step, "epoch": epoch, "loss": float(ce.detach()),
+                       "skip": float(skip.detach()), "lr": lr,
+                       "minutes": (time.perf_counter() - t0) / 60}
+                history.append(rec)
+                print(f"train: {json.dumps(rec)}", file=log, flush=True)
+    model.eval()
+    result = {"config": asdict(cfg), "steps": step, "epochs": epoch,
+              "train_samples": len(data), "parameters": sum(p.numel()
+                                                           for p in model.parameters()),
+              "minutes": (time.perf_counter() - t0) / 60, "history": history}
+    save(model, tok, hf_cfg, out, result)
+    return result
+
+
+def save(model: RungForCausalLM, tok: Tokenizer, hf_cfg: dict[str, Any], out: Path,
+         result: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+             if k != "lm_head.weight"}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": hf_cfg["eos_token_id"], "pad_token_id": hf_cfg["pad_token_id"]},
+        indent=2) + "\n")
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+         "pad_token": "<|endoftext|>", "bos_token": None, "add_bos_token": False,
+         "chat_template": CHATML, "model_max_length": hf_cfg["max_position_embeddings"]},
+        indent=2) + "\n")
+    (out / "training_log.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=int, default=TrainConfig.samples)
+    p.add_argument("--minutes", type=float, default=TrainConfig.minutes)
+    p.add_argument("--max-steps", type=int, default=TrainConfig.max_steps)
+    args = p.parse_args(argv)
+    from rung.tools.corpus import generate
+
+    cfg = TrainConfig(seed=args.seed, samples=args.samples, minutes=args.minutes,
+                      max_steps=args.max_steps)
+    result = train(cfg, generate(cfg.samples, seed=cfg.seed), args.out)
+    print(f"train: {result['steps']} steps, {result['parameters']} parameters, "
+          f"{result['minutes']:.1f} min -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
