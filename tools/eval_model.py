@@ -7,7 +7,8 @@ instructions come from the corpus generator with a seed the training did not use
 unconstrained JSON-valid rate (greedy, no grammar), constrained schema-valid rate, ST
 syntax-valid and identifier-check pass rates, fault-tree-valid and diagnosis-valid rates,
 the FFN skip ratio at decode and its quality cost (teacher-forced next-token KL and greedy
-agreement of the gated engine against the ungated one on the reference answers).
+agreement of the gated engine against the ungated one on the reference answers), and the
+same comparison for an fp8 KV cache against fp32.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def evaluate(model_dir: Path, n: int, seed: int) -> dict[str, Any]:
         gated_dir, plain_dir = Path(tmp) / "gated", Path(tmp) / "plain"
         export(model_dir, gated_dir, ExportOptions(ffn_skip="trained"))
         export(model_dir, plain_dir, ExportOptions(ffn_skip="off"))
+        kv8_dir = Path(tmp) / "kv8"
+        export(model_dir, kv8_dir, ExportOptions(ffn_skip="off", kv="fp8"))
         gated, plain = _runner(gated_dir), _runner(plain_dir)
         result: dict[str, Any] = {"model": str(model_dir), "held_out": n, "seed": seed,
                                   "unconstrained_json_valid": unconstrained(plain, samples),
@@ -127,6 +130,9 @@ def evaluate(model_dir: Path, n: int, seed: int) -> dict[str, Any]:
         ref = teacher_forced(plain.engine, plain.tokenizer, plain, quality_n)
         got = teacher_forced(gated.engine, gated.tokenizer, gated, quality_n)
         result["ffn_quality_vs_ungated"] = logit_metrics(ref, got)
+        kv8 = _runner(kv8_dir)
+        result["kv_fp8_vs_fp32"] = logit_metrics(
+            ref, teacher_forced(kv8.engine, kv8.tokenizer, kv8, quality_n))
     return result
 
 
