@@ -67,8 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     _export_parser(sub)
     _generate_parser(sub)
     demo = sub.add_parser("demo", help="the whole system on embedded defaults, on this machine")
-    demo.add_argument("--prompt", default="Write a motor start/stop block with an interlock.")
-    demo.add_argument("--max-tokens", type=int, default=48)
+    demo.add_argument("--max-tokens", type=int, help="cap the answers (default: each task's)")
     return parser
 
 
@@ -195,7 +194,7 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
 def run_demo(args: argparse.Namespace) -> int:
     from rung.daemon.demo import run
 
-    return run(args.prompt, args.max_tokens)
+    return run(max_tokens=args.max_tokens)
 
 
 COMMANDS = {"export": run_export, "generate": run_generate, "demo": run_demo}

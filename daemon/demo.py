@@ -1,17 +1,41 @@
 """``rung demo``: the main job on embedded defaults, on this machine.
 
-First form: build (once) a small random-weight checkpoint in the cache directory, export it
-to an ONNX engine, and answer a prompt with it, streaming the text. The shipped, trained
-demo model replaces the random one when it exists in ``models/``.
+Exports the shipped demo model (``models/edge-tiny``, trained by rung; FFN gates as
+trained) once into the cache directory, then answers one request of each built-in task
+with it: a Structured Text POU (rendered, parsed, identifiers checked), a fault tree (cut
+sets and top-event probability) and a diagnosis. Without the shipped model (an install
+without the repository), a small random-weight model stands in and the text is noise.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rung.engines.errors import RungError
+
+SHIPPED = Path(__file__).resolve().parent.parent / "models" / "edge-tiny"
+REQUESTS: list[tuple[str, dict[str, Any]]] = [
+    ("st_code", {"description": "Write a function block for a conveyor motor: start and "
+                                "stop push buttons, an emergency stop interlock and an "
+                                "overload trip that latches until reset.",
+                 "pou_type": "FUNCTION_BLOCK"}),
+    ("fault_tree", {"top_event": "Hydraulic unit loses system pressure",
+                    "system": "Hydraulic power unit of press 1, line 3",
+                    "points": [{"name": "oil_temp", "value": 82.5, "unit": "degC"},
+                               {"name": "pressure", "value": 61.0, "unit": "bar"},
+                               {"name": "pump_current", "value": 14.2, "unit": "A"}]}),
+    ("diagnosis", {"asset": "Centrifugal pump P-101",
+                   "points": [{"name": "bearing_temp", "value": 78.0, "unit": "degC",
+                               "limits": {"alert": 70, "alarm": 85}},
+                              {"name": "vibration_rms", "value": 7.4, "unit": "mm/s",
+                               "limits": {"alert": 4.5, "alarm": 7.1}},
+                              {"name": "flow", "value": 41.0, "unit": "m3/h",
+                               "limits": {"low_alert": 35, "low_alarm": 25}}]}),
+]
 
 
 def cache_dir() -> Path:
@@ -20,32 +44,68 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def run(prompt: str, max_tokens: int) -> int:
+def _engine_dir() -> tuple[Path, str]:
+    """Export (once) the shipped model, or a random stand-in; returns (dir, what)."""
     try:
         from rung.export.exporter import ExportOptions, export
         from rung.export.presets import make_random_checkpoint
     except ImportError as e:
-        raise RungError(f"the demo builds its model with the [export] extra ({e.name} is "
+        raise RungError(f"the demo exports its model with the [export] extra ({e.name} is "
                         "missing)", "run `make demo`, or pip install 'rung[export]'") from e
-    from rung.daemon.cli import main as cli_main
-    from rung.engines.manifest import MANIFEST_NAME, load_manifest
+    from rung.engines.manifest import MANIFEST_NAME
 
+    if (SHIPPED / "model.safetensors").is_file():
+        engine = cache_dir() / "edge-tiny" / "engine"
+        if not (engine / MANIFEST_NAME).is_file():
+            export(SHIPPED, engine, ExportOptions(ffn_skip="trained"))
+        return engine, f"shipped demo model {SHIPPED}"
     ckpt, engine = cache_dir() / "demo-tiny" / "hf", cache_dir() / "demo-tiny" / "engine"
     if not (ckpt / "model.safetensors").is_file():
         make_random_checkpoint("demo-tiny", ckpt, seed=0, std=0.2)
     if not (engine / MANIFEST_NAME).is_file():
-        export(ckpt, engine, ExportOptions(max_seq=512))
-    m = load_manifest(engine)
-    parity = m.parity
-    print(f"rung demo: random-weight demo-tiny engine at {engine} (text is noise until the "
-          "trained demo model ships)", file=sys.stderr)
-    print(f"  {m.dims.hf_architecture}, {m.dims.num_layers} layers, {m.weights} weights, "
-          f"KV {m.kv.dtype} {m.kv.bytes_per_token(m.dims)} bytes/token, max_seq "
-          f"{m.dims.max_seq}", file=sys.stderr)
-    if parity is not None:
-        print(f"  export verified: max logit error {parity.max_abs_logit_diff:.1e}, greedy "
-              f"agreement {parity.greedy_agreement:.2f}", file=sys.stderr)
-    print(f"prompt: {prompt}\n---", file=sys.stderr)
-    status: int = cli_main(["generate", str(engine), "--prompt", prompt, "--max-tokens",
-                     str(max_tokens), "--temperature", "0.8", "--seed", "0"])
-    return status
+        export(ckpt, engine, ExportOptions(max_seq=1024))
+    return engine, "random-weight stand-in (no models/edge-tiny here): answers are noise"
+
+
+def _summary(task: str, output: Any, validation: dict[str, Any]) -> str:
+    if task == "st_code":
+        return str(validation.get("pou_text", ""))
+    if task == "fault_tree":
+        ft = validation.get("fault_tree") or {}
+        return (f"top event {output.get('top')}: P = {ft.get('top_probability')}; minimal cut "
+                f"sets: {ft.get('minimal_cut_sets')}")
+    return json.dumps(output, indent=2, ensure_ascii=False)
+
+
+def run(max_tokens: int | None = None) -> int:
+    """Answer the demo requests; 0 unless something failed outside the model's answers."""
+    from rung.daemon.task_runner import TaskRunner
+    from rung.daemon.tasks import load_tasks
+    from rung.engines import load_engine
+    from rung.engines.sampler import SamplingParams
+    from rung.engines.tokenizer import Tokenizer
+
+    engine_dir, what = _engine_dir()
+    engine = load_engine(engine_dir)
+    m = engine.manifest
+    print(f"rung demo: {what}\n  {m.dims.hf_architecture}, {m.dims.num_layers} layers, "
+          f"{m.weights} weights, KV {m.kv.dtype} {m.kv.bytes_per_token(m.dims)} bytes/token, "
+          f"FFN gates {'on' if m.ffn_gate else 'off'}", file=sys.stderr)
+    if m.parity is not None:
+        print(f"  export verified: max logit error {m.parity.max_abs_logit_diff:.1e}, greedy "
+              f"agreement {m.parity.greedy_agreement:.2f}", file=sys.stderr)
+    runner = TaskRunner(engine, Tokenizer.load(engine_dir, m.tokenizer), load_tasks(),
+                        engine_dir)
+    for task, data in REQUESTS:
+        (r,) = runner.run([(task, data)], SamplingParams(), max_tokens)
+        g = r.generation
+        print(f"\n=== {task}: {next(iter(data.values()))}")
+        if r.output is not None and r.validation is not None:
+            print(_summary(task, r.output, r.validation))
+        error = r.error or {"code": "?", "message": ""}
+        print("--- valid" if r.ok else f"--- not valid: {error['code']}: {error['message']}")
+        if g is not None:
+            print(f"    {g.prompt_tokens} prompt + {len(g.token_ids)} answer tokens, ttft "
+                  f"{g.ttft_ms:.0f} ms, {g.decode_tok_s:.0f} tok/s, FFN skipped "
+                  f"{g.ffn_skip_ratio or 0:.0%}", file=sys.stderr)
+    return 0
