@@ -58,6 +58,10 @@ def _generate_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = default)")
+    p.add_argument("--kv-cache", type=Path, metavar="DIR",
+                   help="state directory of the compressed KV cache: prompt prefixes seen "
+                   "before (in this or an earlier run) are restored, not prefilled")
+    p.add_argument("--session", help="continue a conversation kept in --kv-cache DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -66,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _export_parser(sub)
     _generate_parser(sub)
+    bench = sub.add_parser("bench", help="benchmarks against peers (bench/README.md); needs "
+                           "the repository checkout and the [bench] extra")
+    bench.add_argument("script", nargs="?", default="run",
+                       choices=["run", "kv_accuracy", "constrained"])
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
     demo = sub.add_parser("demo", help="the whole system on embedded defaults, on this machine")
     demo.add_argument("--max-tokens", type=int, help="cap the answers (default: each task's)")
     return parser
@@ -121,39 +130,81 @@ def run_generate(args: argparse.Namespace) -> int:
         engine = load_engine(args.engine_dir, "onnx", EngineOptions(threads=args.threads))
         tok = Tokenizer.load(args.engine_dir, engine.manifest.tokenizer)
     load_ms = (time.perf_counter() - t0) * 1000
+    prefix = _prefix_cache(args, engine)
     if args.task is not None:
-        return _run_task(args, engine, tok, params, load_ms)
-    if args.raw:
-        ids = tok.encode(args.prompt)
-    else:
-        messages = ([{"role": "system", "content": args.system}] if args.system else [])
-        ids = tok.encode_chat(messages + [{"role": "user", "content": args.prompt}])
+        return _run_task(args, engine, tok, params, load_ms, prefix)
+    session = _Session(args.kv_cache, args.session) if args.session else None
+    messages = session.messages if session else (
+        [{"role": "system", "content": args.system}] if args.system else [])
+    messages = messages + [{"role": "user", "content": args.prompt}]
+    ids = tok.encode(args.prompt) if args.raw else tok.encode_chat(messages)
 
     def stream(_row: int, text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    (g,) = generate(engine, tok, [ids], params, on_text=None if args.json else stream)
+    (g,) = generate(engine, tok, [ids], params, on_text=None if args.json else stream,
+                    prefix=prefix)
+    if session is not None:
+        session.save(messages + [{"role": "assistant", "content": g.text}])
     timings = {"load_ms": round(load_ms, 1), "ttft_ms": round(g.ttft_ms, 1),
                "decode_tok_s": round(g.decode_tok_s, 2)}
     if args.json:
         print(json.dumps({
             "text": g.text, "token_ids": g.token_ids, "finish_reason": g.finish_reason,
             "output": None, "validation": None, "timings": timings,
-            "prompt_tokens": g.prompt_tokens,
+            "prompt_tokens": g.prompt_tokens, "cached_tokens": g.cached_tokens,
             "kv": {"dtype": engine.manifest.kv.dtype,
                    "bytes_per_token": engine.manifest.kv.bytes_per_token(engine.manifest.dims)},
             "ffn_skip_ratio": g.ffn_skip_ratio}, ensure_ascii=False))
     else:
         print()
-        print(f"rung: {g.prompt_tokens} prompt tokens, {len(g.token_ids)} generated "
+        print(f"rung: {g.prompt_tokens} prompt tokens ({g.cached_tokens} from the KV cache), "
+              f"{len(g.token_ids)} generated "
               f"({g.finish_reason}); load {timings['load_ms']} ms, ttft {timings['ttft_ms']} "
               f"ms, decode {timings['decode_tok_s']} tok/s", file=sys.stderr)
     return 0
 
 
+class _Session:
+    """A conversation kept as messages in ``DIR/sessions/NAME.json``; its KV comes back
+    through the prefix cache when the next turn is rendered."""
+
+    def __init__(self, state_dir: Path | None, name: str) -> None:
+        from rung.daemon.tasks import TaskError
+
+        if state_dir is None:
+            raise TaskError("--session needs --kv-cache DIR", "give the state directory")
+        if not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
+            raise TaskError(f"--session {name!r}: use letters, digits, '-' and '_' only")
+        self.path = Path(state_dir) / "sessions" / f"{name}.json"
+        self.messages: list[dict[str, str]] = []
+        if self.path.is_file():
+            try:
+                self.messages = json.loads(self.path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise TaskError(f"{self.path}: corrupt session file ({e})",
+                                "delete it to start the conversation again") from e
+
+    def save(self, messages: list[dict[str, str]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(messages, ensure_ascii=False), encoding="utf-8")
+        tmp.replace(self.path)
+
+
+def _prefix_cache(args: argparse.Namespace, engine: Any) -> Any:
+    if args.kv_cache is None:
+        return None
+    from rung.engines.kv_store import ColdStore
+    from rung.engines.prefix_cache import PrefixCache
+
+    store = ColdStore(engine.manifest.engine_id, 256 << 20, state_dir=args.kv_cache)
+    return PrefixCache(store, engine.manifest.engine_id)
+
+
 def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
-              load_ms: float) -> int:
+              load_ms: float, prefix: Any = None) -> int:
     from rung.daemon.task_runner import TaskRunner
     from rung.daemon.tasks import TaskError, load_tasks
 
@@ -163,7 +214,7 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
         data = json.loads(args.input)
     except json.JSONDecodeError as e:
         raise TaskError(f"--input is not valid JSON ({e})") from e
-    runner = TaskRunner(engine, tok, load_tasks(args.tasks), args.engine_dir)
+    runner = TaskRunner(engine, tok, load_tasks(args.tasks), args.engine_dir, prefix=prefix)
     (r,) = runner.run([(args.task, data)], params, args.max_tokens)
     g = r.generation
     doc = {"task": r.task, "ok": r.ok,
@@ -175,7 +226,10 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
            "timings": {"load_ms": round(load_ms, 1),
                        "ttft_ms": round(g.ttft_ms, 1) if g else None,
                        "decode_tok_s": round(g.decode_tok_s, 2) if g else None},
-           "ffn_skip_ratio": g.ffn_skip_ratio if g else None}
+           "ffn_skip_ratio": g.ffn_skip_ratio if g else None,
+           "usage": {"prompt_tokens": g.prompt_tokens if g else 0,
+                     "completion_tokens": len(g.token_ids) if g else 0,
+                     "cached_tokens": g.cached_tokens if g else 0}}
     if r.error is not None:
         doc["error"] = r.error
     if args.json:
@@ -197,7 +251,17 @@ def run_demo(args: argparse.Namespace) -> int:
     return run(max_tokens=args.max_tokens)
 
 
-COMMANDS = {"export": run_export, "generate": run_generate, "demo": run_demo}
+def run_bench(args: argparse.Namespace) -> int:
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "bench" / f"{args.script}.py"
+    if not script.is_file():
+        raise RungError(f"{script}: not found", "run `rung bench` from a repository checkout")
+    return subprocess.run([sys.executable, str(script), *args.args], check=False).returncode
+
+
+COMMANDS = {"export": run_export, "generate": run_generate, "demo": run_demo,
+            "bench": run_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from rung.engines import Engine
 from rung.engines.errors import TokenizerError
 from rung.engines.generate import Generation, generate
 from rung.engines.grammar import GrammarCompiler, GrammarError
+from rung.engines.prefix_cache import PrefixCache
 from rung.engines.sampler import SamplingParams
 from rung.engines.tokenizer import Tokenizer
 
@@ -42,8 +43,9 @@ class TaskRunner:
     a schema that cannot be enforced stops the start, it is never served unconstrained)."""
 
     def __init__(self, engine: Engine, tokenizer: Tokenizer, tasks: Mapping[str, Task],
-                 engine_dir: Path) -> None:
+                 engine_dir: Path, prefix: PrefixCache | None = None) -> None:
         self.engine, self.tokenizer, self.tasks = engine, tokenizer, dict(tasks)
+        self.prefix = prefix
         self.compiler = GrammarCompiler(Path(engine_dir) / "tokenizer.json",
                                         tokenizer.eos_token_ids,
                                         engine.manifest.dims.vocab_size)
@@ -88,11 +90,30 @@ class TaskRunner:
                                                   task.max_tokens)))
         if prompts:
             gens = generate(self.engine, self.tokenizer, prompts, per_row,
-                            constraints=constraints)
+                            constraints=constraints, prefix=self.prefix)
             for slot, gen in zip(todo, gens, strict=True):
                 name, data = requests[slot]
                 results[slot] = self._finish(self.tasks[name], data, gen)
         return [r for r in results if r is not None]
+
+    def warm(self) -> dict[str, int]:
+        """Prefill each task's fixed prompt head (the system prompt up to where the user's
+        text starts) once and pin it in the prefix cache; tokens pinned per task."""
+        if self.prefix is None:
+            return {}
+        sentinel = "\u2063rung\u2063"
+        pinned = {}
+        for name, task in self.tasks.items():
+            msgs = [{"role": "system", "content": task.system_prompt},
+                    {"role": "user", "content": sentinel}]
+            try:
+                text = self.tokenizer.render_chat(msgs)
+            except TokenizerError:
+                text = self.tokenizer.render_chat(
+                    [{"role": "user", "content": f"{msgs[0]['content']}\n\n{sentinel}"}])
+            head = self.tokenizer.encode(text[:text.index(sentinel)], add_bos=None)
+            pinned[name] = self.prefix.warm(self.engine, head[:-1])  # the seam may re-merge
+        return pinned
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of the chat; a template without a system role gets the system prompt

@@ -11,14 +11,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rung.engines import Engine
 from rung.engines.errors import GenerationError
 from rung.engines.grammar import Constraint
+from rung.engines.kv import KVCache
 from rung.engines.sampler import Sampler, SamplingParams, StopChecker
 from rung.engines.tokenizer import StreamDecoder, Tokenizer
+
+if TYPE_CHECKING:
+    from rung.engines.prefix_cache import PrefixCache
 
 
 @dataclass
@@ -33,6 +38,7 @@ class Generation:
     decode_tok_s: float
     ffn_skip_ratio: float | None = None  # skipped / (one-token steps x layers); None = n/a
     mask_seconds: list[float] | None = None  # per step, when decoding under a constraint
+    cached_tokens: int = 0  # prompt positions restored from a cache instead of prefilled
 
 
 @dataclass
@@ -49,18 +55,22 @@ class _Row:
     finish: str | None = None
 
 
-def _prefill_batch(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    lens = np.array([len(p) for p in prompts], np.int64)
+def _prefill_batch(prompts: Sequence[Sequence[int]],
+                   start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded suffixes ``prompt[start:]`` [B, S] and their lengths [B]."""
+    lens = np.array([len(p) - int(s) for p, s in zip(prompts, start, strict=True)], np.int64)
     tokens = np.zeros((len(prompts), int(lens.max())), np.int64)
     for b, p in enumerate(prompts):
-        tokens[b, :len(p)] = p
+        tokens[b, :lens[b]] = p[int(start[b]):]
     return tokens, lens
 
 
 def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[int]],
              params: SamplingParams | Sequence[SamplingParams],
              on_text: Callable[[int, str], None] | None = None,
-             constraints: Sequence[Constraint | None] | None = None) -> list[Generation]:
+             constraints: Sequence[Constraint | None] | None = None,
+             cache: KVCache | None = None,
+             prefix: PrefixCache | None = None) -> list[Generation]:
     """Generate a continuation for each prompt (token ids), batched.
 
     Args:
@@ -68,6 +78,10 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
         params: one for all rows, or one per row.
         constraints: per row, a grammar the output must follow (token masks before
             sampling), or None.
+        cache: KV buffers to run in (one row per prompt); rows whose ``lengths`` are set
+            already hold that many positions of their prompt (a hot slot). Default: new.
+        prefix: restore each row's longest cached prompt prefix before, and offer the
+            row's full blocks to the cold tier after.
     Raises:
         GenerationError: empty prompt, or a prompt that leaves no room in the context.
     """
@@ -90,10 +104,18 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
                  [], eos, max((len(s) for s in pr.stop), default=1) - 1,
                  None if constraints is None else constraints[i])
             for i, (p, pr) in enumerate(zip(prompts, per_row, strict=True))]
-    cache = engine.new_cache(len(prompts))
+    if cache is None:
+        cache = engine.new_cache(len(prompts))
+    if cache.batch != len(prompts):
+        raise GenerationError(f"cache has {cache.batch} rows for {len(prompts)} prompts")
+    if prefix is not None:
+        for b, p in enumerate(prompts):
+            if int(cache.lengths[b]) == 0:
+                prefix.restore(cache, b, p)
+    start = cache.lengths.copy()
     steps0 = engine.ffn_steps
     skips0 = None if engine.ffn_skips is None else engine.ffn_skips.copy()
-    tokens, n_new = _prefill_batch(prompts)
+    tokens, n_new = _prefill_batch(prompts, start)
     t0 = time.perf_counter()
     logits = engine.forward(cache, tokens, n_new)
     t_first = 0.0
@@ -115,8 +137,11 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
                       / ((engine.ffn_steps - steps0) * len(skips0)))
     out = [_result(row, len(p), t0, t_first, t_end) for row, p in zip(rows, prompts,
                                                                        strict=True)]
-    for g in out:
+    for b, g in enumerate(out):
         g.ffn_skip_ratio = ratio
+        g.cached_tokens = int(start[b])
+        if prefix is not None:
+            prefix.save(cache, b, list(prompts[b]) + g.token_ids)
     return out
 
 

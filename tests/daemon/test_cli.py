@@ -185,3 +185,40 @@ def test_generate_task_errors(task_engine: Path, capsys: pytest.CaptureFixture[s
     assert json.loads(capsys.readouterr().out)["error"]["code"] == "bad_request"
     _assert_one_line_error(_rung("generate", str(task_engine), "--task", "st_code",
                                  "--input", "{not json"), "--input is not valid JSON")
+
+
+def test_kv_cache_dir_restores_prefixes_across_runs(task_engine: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    prompt = "The hydraulic press reports low pressure and high oil temperature. " * 3
+    docs = []
+    for _ in range(2):
+        assert main(["generate", str(task_engine), "--prompt", prompt, "--max-tokens", "8",
+                     "--kv-cache", str(state), "--json"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    assert docs[0]["cached_tokens"] == 0 and docs[1]["cached_tokens"] >= 64
+    assert docs[0]["token_ids"] == docs[1]["token_ids"]
+    files = sorted((state / "kv").glob("*.rkv"))
+    assert files
+    files[0].write_bytes(files[0].read_bytes()[:-10])   # a truncated entry: dropped, not used
+    assert main(["generate", str(task_engine), "--prompt", prompt, "--max-tokens", "8",
+                 "--kv-cache", str(state), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["token_ids"] == docs[0]["token_ids"]
+
+
+def test_session_continues_a_conversation(task_engine: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    turns = ["Describe the pump alternation logic for two pumps in detail please.",
+             "And the alarm?"]
+    cached = []
+    for text in turns:
+        assert main(["generate", str(task_engine), "--prompt", text, "--max-tokens", "40",
+                     "--kv-cache", str(state), "--session", "line3-pumps", "--json"]) == 0
+        cached.append(json.loads(capsys.readouterr().out)["cached_tokens"])
+    history = json.loads((state / "sessions" / "line3-pumps.json").read_text())
+    assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
+    assert cached[0] == 0 and cached[1] >= 64  # the first turn's KV came back
+    _assert_one_line_error(_rung("generate", str(task_engine), "--prompt", "x", "--session",
+                                 "s1"), "--session needs --kv-cache")

@@ -87,3 +87,24 @@ def test_request_errors(runner: TaskRunner) -> None:
     assert [r.error["code"] if r.error else "ok" for r in results] == [
         "unknown_task", "bad_request", "ok"]
     assert "points" in results[1].error["message"]  # type: ignore[index]
+
+
+def test_task_prompts_warmed_and_pinned_at_start(task_engine: Path) -> None:
+    from rung.engines.kv_store import ColdStore
+    from rung.engines.prefix_cache import PrefixCache
+
+    engine = load_engine(task_engine)
+    tok = Tokenizer.load(task_engine, engine.manifest.tokenizer)
+    store = ColdStore(engine.manifest.engine_id, 1 << 26)
+    warm = TaskRunner(engine, tok, load_tasks(), task_engine,
+                      prefix=PrefixCache(store, engine.manifest.engine_id))
+    pinned = warm.warm()
+    assert set(pinned) == set(INPUTS) and min(pinned.values()) >= 64
+    assert store.stats()["entries_pinned"] >= sum(pinned.values()) // 64 - 1
+    cold = TaskRunner(engine, tok, load_tasks(), task_engine)
+    params = SamplingParams(temperature=1.0, seed=9)
+    (a,) = warm.run([("diagnosis", INPUTS["diagnosis"])], params, max_tokens=40)
+    (b,) = cold.run([("diagnosis", INPUTS["diagnosis"])], params, max_tokens=40)
+    assert a.generation is not None and b.generation is not None
+    assert a.generation.cached_tokens >= 64 and b.generation.cached_tokens == 0
+    assert a.generation.token_ids == b.generation.token_ids
