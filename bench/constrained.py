@@ -49,7 +49,7 @@ def overhead(runner: TaskRunner, tokens: int, reps: int) -> dict[str, Any]:
     engine, tok = runner.engine, runner.tokenizer
     out: dict[str, Any] = {}
     for task, data in INPUTS.items():
-        ids = tok.encode_chat(runner.tasks[task].messages(data))
+        ids = runner.prompt_ids(runner.tasks[task], data)
         params = SamplingParams(temperature=1.0, seed=0, max_tokens=tokens)
         times: dict[str, list[float]] = {"free": [], "constrained": []}
         masks: list[float] = []

@@ -60,15 +60,16 @@ class RungRunner:
         self.cache = None
         self.cache = self.engine.new_cache(1, max_len)
 
-    def _run(self, ids: np.ndarray) -> int:
-        logits = self.engine.forward(self.cache, ids[None, :], np.array([len(ids)], np.int64))
+    def _run(self, ids: np.ndarray, decode: bool = False) -> int:
+        logits = self.engine.forward(self.cache, ids[None, :], np.array([len(ids)], np.int64),
+                                     allow_skip=decode)
         return int(logits[0, -1].argmax())
 
     def prefill(self, ids: np.ndarray) -> int:
         return self._run(ids)
 
     def step(self, token: int) -> int:
-        return self._run(np.array([token], np.int64))
+        return self._run(np.array([token], np.int64), decode=True)
 
 
 class HfRunner:

@@ -61,6 +61,8 @@ def _generate_parser(sub: Any) -> None:
     p.add_argument("--kv-cache", type=Path, metavar="DIR",
                    help="state directory of the compressed KV cache: prompt prefixes seen "
                    "before (in this or an earlier run) are restored, not prefilled")
+    p.add_argument("--kv-cache-mb", type=float, default=2048,
+                   help="disk budget of --kv-cache DIR in MiB (least recently used go first)")
     p.add_argument("--session", help="continue a conversation kept in --kv-cache DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -115,12 +117,15 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_generate(args: argparse.Namespace) -> int:
     from rung.engines import load_engine
+    from rung.engines.errors import GenerationError
     from rung.engines.generate import generate
     from rung.engines.onnx_engine import EngineOptions
     from rung.engines.progress import set_enabled, step
     from rung.engines.sampler import SamplingParams
     from rung.engines.tokenizer import Tokenizer
 
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise GenerationError("--max-tokens must be at least 1")
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             seed=args.seed, max_tokens=args.max_tokens or 128,
                             stop=tuple(args.stop))
@@ -131,10 +136,12 @@ def run_generate(args: argparse.Namespace) -> int:
         tok = Tokenizer.load(args.engine_dir, engine.manifest.tokenizer)
     load_ms = (time.perf_counter() - t0) * 1000
     prefix = _prefix_cache(args, engine)
+    if args.session and (args.task is not None or args.raw):
+        raise RungError("--session continues a chat: it does not combine with --task or --raw")
     if args.task is not None:
         return _run_task(args, engine, tok, params, load_ms, prefix)
     session = _Session(args.kv_cache, args.session) if args.session else None
-    messages = session.messages if session else (
+    messages = session.messages if session is not None and session.messages else (
         [{"role": "system", "content": args.system}] if args.system else [])
     messages = messages + [{"role": "user", "content": args.prompt}]
     ids = tok.encode(args.prompt) if args.raw else tok.encode_chat(messages)
@@ -171,26 +178,32 @@ class _Session:
     through the prefix cache when the next turn is rendered."""
 
     def __init__(self, state_dir: Path | None, name: str) -> None:
-        from rung.daemon.tasks import TaskError
-
         if state_dir is None:
-            raise TaskError("--session needs --kv-cache DIR", "give the state directory")
+            raise RungError("--session needs --kv-cache DIR", "give the state directory")
         if not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
-            raise TaskError(f"--session {name!r}: use letters, digits, '-' and '_' only")
+            raise RungError(f"--session {name!r}: use letters, digits, '-' and '_' only")
         self.path = Path(state_dir) / "sessions" / f"{name}.json"
         self.messages: list[dict[str, str]] = []
         if self.path.is_file():
             try:
-                self.messages = json.loads(self.path.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise TaskError(f"{self.path}: corrupt session file ({e})",
+                data = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise RungError(f"{self.path}: unreadable session file ({e})",
                                 "delete it to start the conversation again") from e
+            if not isinstance(data, list) or not all(
+                    isinstance(m, dict) and set(m) == {"role", "content"} for m in data):
+                raise RungError(f"{self.path}: not a list of {{role, content}} messages",
+                                "delete it to start the conversation again")
+            self.messages = data
 
     def save(self, messages: list[dict[str, str]]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(messages, ensure_ascii=False), encoding="utf-8")
-        tmp.replace(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(messages, ensure_ascii=False), encoding="utf-8")
+            tmp.replace(self.path)
+        except OSError as e:
+            raise RungError(f"{self.path}: cannot save the session ({e})") from e
 
 
 def _prefix_cache(args: argparse.Namespace, engine: Any) -> Any:
@@ -199,7 +212,8 @@ def _prefix_cache(args: argparse.Namespace, engine: Any) -> Any:
     from rung.engines.kv_store import ColdStore
     from rung.engines.prefix_cache import PrefixCache
 
-    store = ColdStore(engine.manifest.engine_id, 256 << 20, state_dir=args.kv_cache)
+    store = ColdStore(engine.manifest.engine_id, 256 << 20, state_dir=args.kv_cache,
+                      disk_budget_bytes=int(args.kv_cache_mb * 2**20))
     return PrefixCache(store, engine.manifest.engine_id)
 
 

@@ -52,17 +52,26 @@ def _engine_dir() -> tuple[Path, str]:
     except ImportError as e:
         raise RungError(f"the demo exports its model with the [export] extra ({e.name} is "
                         "missing)", "run `make demo`, or pip install 'rung[export]'") from e
-    from rung.engines.manifest import MANIFEST_NAME
+    from rung.engines.errors import ManifestError
+    from rung.engines.manifest import FORMAT_VERSION, load_manifest, sha256_file
+    from rung.export.exporter import RUNG_VERSION
 
     if (SHIPPED / "model.safetensors").is_file():
-        engine = cache_dir() / "edge-tiny" / "engine"
-        if not (engine / MANIFEST_NAME).is_file():
+        # one export per model content and rung version: a retrained model or a new
+        # exporter gets a fresh engine, never a stale one
+        key = sha256_file(SHIPPED / "model.safetensors")[:12]
+        engine = cache_dir() / "edge-tiny" / f"{key}-v{RUNG_VERSION}-f{FORMAT_VERSION}"
+        try:
+            load_manifest(engine)
+        except ManifestError:
             export(SHIPPED, engine, ExportOptions(ffn_skip="trained"))
         return engine, f"shipped demo model {SHIPPED}"
     ckpt, engine = cache_dir() / "demo-tiny" / "hf", cache_dir() / "demo-tiny" / "engine"
     if not (ckpt / "model.safetensors").is_file():
         make_random_checkpoint("demo-tiny", ckpt, seed=0, std=0.2)
-    if not (engine / MANIFEST_NAME).is_file():
+    try:
+        load_manifest(engine)
+    except ManifestError:
         export(ckpt, engine, ExportOptions(max_seq=1024))
     return engine, "random-weight stand-in (no models/edge-tiny here): answers are noise"
 

@@ -15,9 +15,9 @@ from typing import Any
 from rung.daemon.tasks import Task, TaskError
 from rung.daemon.validate import validate_output
 from rung.engines import Engine
-from rung.engines.errors import TokenizerError
+from rung.engines.errors import GenerationError, RungError, TokenizerError
 from rung.engines.generate import Generation, generate
-from rung.engines.grammar import GrammarCompiler, GrammarError
+from rung.engines.grammar import Constraint, GrammarCompiler, GrammarError
 from rung.engines.prefix_cache import PrefixCache
 from rung.engines.sampler import SamplingParams
 from rung.engines.tokenizer import Tokenizer
@@ -73,8 +73,10 @@ class TaskRunner:
                 continue
             try:
                 task.check_input(data)
-                ids = self._encode(task.messages(data))
-            except TaskError as e:
+                ids = self.prompt_ids(task, data)
+                row_params = replace(req_params, stop=(), max_tokens=min(
+                    max_tokens or task.max_tokens, task.max_tokens))
+            except (TaskError, TokenizerError, GenerationError) as e:
                 results.append(_fail(name, "bad_request", e.message))
                 continue
             if len(ids) >= max_seq:
@@ -85,16 +87,38 @@ class TaskRunner:
             prompts.append(ids)
             constraints.append(self.compiler.constraint(self.grammars[name]))
             todo.append(len(results) - 1)
-            per_row.append(replace(req_params, stop=(),
-                                   max_tokens=min(max_tokens or task.max_tokens,
-                                                  task.max_tokens)))
+            per_row.append(row_params)
         if prompts:
-            gens = generate(self.engine, self.tokenizer, prompts, per_row,
-                            constraints=constraints, prefix=self.prefix)
-            for slot, gen in zip(todo, gens, strict=True):
+            try:
+                gens = generate(self.engine, self.tokenizer, prompts, per_row,
+                                constraints=constraints, prefix=self.prefix)
+            except RungError as e:  # one failed step answers every row of the batch
+                for slot in todo:
+                    results[slot] = _fail(requests[slot][0], "internal", str(e))
+                return [r for r in results if r is not None]
+            for slot, gen, cons in zip(todo, gens, constraints, strict=True):
                 name, data = requests[slot]
-                results[slot] = self._finish(self.tasks[name], data, gen)
+                try:
+                    results[slot] = self._finish(self.tasks[name], data, gen, cons)
+                except Exception as e:  # a validator bug must not lose the answer's slot
+                    results[slot] = _fail(name, "internal",
+                                          f"validation failed: {type(e).__name__}: {e}", gen)
         return [r for r in results if r is not None]
+
+    def prompt_ids(self, task: Task, data: Any) -> list[int]:
+        """The token ids of a request's prompt (system prompt + rendered user prompt)."""
+        return self.tokenizer.encode(self.render(task.messages(data)), add_bos=None)
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """The chat as text; a template without a system role gets the system prompt at
+        the head of the user message instead."""
+        try:
+            return self.tokenizer.render_chat(messages)
+        except TokenizerError:
+            if messages[0]["role"] != "system":
+                raise
+            merged = f"{messages[0]['content']}\n\n{messages[1]['content']}"
+            return self.tokenizer.render_chat([{"role": "user", "content": merged}])
 
     def warm(self) -> dict[str, int]:
         """Prefill each task's fixed prompt head (the system prompt up to where the user's
@@ -104,30 +128,19 @@ class TaskRunner:
         sentinel = "\u2063rung\u2063"
         pinned = {}
         for name, task in self.tasks.items():
-            msgs = [{"role": "system", "content": task.system_prompt},
-                    {"role": "user", "content": sentinel}]
-            try:
-                text = self.tokenizer.render_chat(msgs)
-            except TokenizerError:
-                text = self.tokenizer.render_chat(
-                    [{"role": "user", "content": f"{msgs[0]['content']}\n\n{sentinel}"}])
-            head = self.tokenizer.encode(text[:text.index(sentinel)], add_bos=None)
+            text = self.render([{"role": "system", "content": task.system_prompt},
+                                {"role": "user", "content": sentinel}])
+            cut = text.find(sentinel)
+            if cut < 0:  # the template rewrote the content: nothing fixed to pin
+                pinned[name] = 0
+                continue
+            head = self.tokenizer.encode(text[:cut], add_bos=None)
             pinned[name] = self.prefix.warm(self.engine, head[:-1])  # the seam may re-merge
         return pinned
 
-    def _encode(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of the chat; a template without a system role gets the system prompt
-        at the head of the user message instead."""
-        try:
-            return self.tokenizer.encode_chat(messages)
-        except TokenizerError:
-            if messages[0]["role"] != "system":
-                raise
-            merged = f"{messages[0]['content']}\n\n{messages[1]['content']}"
-            return self.tokenizer.encode_chat([{"role": "user", "content": merged}])
-
-    def _finish(self, task: Task, data: Any, gen: Generation) -> TaskResult:
-        if gen.finish_reason == "length":
+    def _finish(self, task: Task, data: Any, gen: Generation,
+                constraint: Constraint) -> TaskResult:
+        if gen.finish_reason == "length" and not constraint.accepting:
             return _fail(task.name, "truncated", f"max_tokens reached after "
                          f"{len(gen.token_ids)} tokens before the JSON closed", gen)
         try:

@@ -23,8 +23,9 @@ class Engine(Protocol):
     ``forward(cache, tokens [B, S], n_new [B], logits_index [B, K] | None) -> logits
     [B, K, V]``: runs the new tokens of each row against the row's cached past, writes their
     KV into ``cache`` in place and returns the logits at the requested positions (default:
-    each row's last valid new token). An engine exported with FFN gates counts, over its
-    one-token steps, how often each layer skipped its FFN.
+    each row's last valid new token). ``allow_skip`` marks a decode step: an engine exported
+    with FFN gates may then skip FFNs (one token of one sequence only) and counts, over such
+    steps, how often each layer did.
 
     Raises:
         EngineError: shapes do not match, the cache is full, the runtime fails.
@@ -38,7 +39,8 @@ class Engine(Protocol):
     def new_cache(self, batch: int, max_seq: int | None = None) -> KVCache: ...
 
     def forward(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
-                logits_index: np.ndarray | None = None) -> np.ndarray: ...
+                logits_index: np.ndarray | None = None,
+                allow_skip: bool = False) -> np.ndarray: ...
 
 
 # backend name -> "module:factory"; factories take (engine_dir, manifest, options)

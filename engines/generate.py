@@ -3,7 +3,8 @@
 Several sequences of different lengths run as one batch: prompts are right-padded into one
 prefill, then every step feeds one token per row; a finished row idles (``n_new = 0``) and
 its cache stops growing. Each row has its own seeded sampler, so a prompt gives the same
-tokens alone or in a batch.
+tokens alone or in a batch (on an engine with FFN gates only when they skip nothing: gates
+act on decode steps of a single sequence).
 """
 
 from __future__ import annotations
@@ -87,13 +88,20 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
     """
     if not prompts:
         raise GenerationError("no prompts given")
-    max_seq = engine.manifest.dims.max_seq
-    for p in prompts:
+    if cache is None:
+        cache = engine.new_cache(len(prompts))
+    if cache.batch != len(prompts):
+        raise GenerationError(f"cache has {cache.batch} rows for {len(prompts)} prompts")
+    max_seq = min(engine.manifest.dims.max_seq, cache.max_seq)
+    for b, p in enumerate(prompts):
         if not p:
             raise GenerationError("empty prompt", "give at least one token of input")
         if len(p) >= max_seq:
             raise GenerationError(f"prompt of {len(p)} tokens does not fit the engine's "
                                   f"context of {max_seq}", "shorten the prompt")
+        if int(cache.lengths[b]) >= len(p):
+            raise GenerationError(f"row {b} already holds {int(cache.lengths[b])} positions "
+                                  f"of a {len(p)}-token prompt")
     per_row = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     if len(per_row) != len(prompts) or (constraints is not None
                                         and len(constraints) != len(prompts)):
@@ -104,10 +112,7 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
                  [], eos, max((len(s) for s in pr.stop), default=1) - 1,
                  None if constraints is None else constraints[i])
             for i, (p, pr) in enumerate(zip(prompts, per_row, strict=True))]
-    if cache is None:
-        cache = engine.new_cache(len(prompts))
-    if cache.batch != len(prompts):
-        raise GenerationError(f"cache has {cache.batch} rows for {len(prompts)} prompts")
+    t0 = time.perf_counter()  # time to first token includes restoring cached KV
     if prefix is not None:
         for b, p in enumerate(prompts):
             if int(cache.lengths[b]) == 0:
@@ -116,7 +121,6 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
     steps0 = engine.ffn_steps
     skips0 = None if engine.ffn_skips is None else engine.ffn_skips.copy()
     tokens, n_new = _prefill_batch(prompts, start)
-    t0 = time.perf_counter()
     logits = engine.forward(cache, tokens, n_new)
     t_first = 0.0
     while True:
@@ -129,7 +133,7 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
             break
         tokens = np.array([[r.token_ids[-1]] for r in rows], np.int64)
         n_new = np.array([r.finish is None for r in rows], np.int64)
-        logits = engine.forward(cache, tokens, n_new)
+        logits = engine.forward(cache, tokens, n_new, allow_skip=True)
     t_end = time.perf_counter()
     ratio = None
     if engine.ffn_skips is not None and skips0 is not None and engine.ffn_steps > steps0:

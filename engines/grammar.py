@@ -70,7 +70,8 @@ class GrammarCompiler:
             grammar, self.tokenizer)
         if is_error:
             bad = unenforceable_keywords(schema)
-            raise GrammarError(f"schema cannot be enforced: {'; '.join(messages)}",
+            detail = "; ".join(m.replace("\n", " ") for m in messages)
+            raise GrammarError(f"schema cannot be enforced: {detail}",
                                f"remove or rewrite {', '.join(bad)}" if bad else None)
         self._cache[key] = grammar
         return grammar

@@ -9,12 +9,16 @@ Layout of the graph the manifest describes (format 1):
     inputs   input_ids      int64  [B, S]
              position_ids   int64  [B, S]       absolute position of each new token
              past_lengths   int64  [B]          valid past entries per sequence
-             logits_index   int64  [B]          which of the S new positions to score
+             logits_index   int64  [B, K]       which of the S new positions to score
              past_key_{i}   kv     [P, B, Hkv, D]   read-only view of the engine's buffer
              past_value_{i} kv     [P, B, Hkv, D]
-    outputs  logits         float32 [B, V]
+             past_key_{i}_scale, past_value_{i}_scale  float32 [P, B, Hkv]   (fp8 KV only)
+             ffn_allow_skip bool   []           a decode step: gates may skip (gated only)
+    outputs  logits         float32 [B, K, V]
              new_key_{i}    kv     [S, B, Hkv, D]   only the new positions
              new_value_{i}  kv     [S, B, Hkv, D]
+             new_key_{i}_scale, new_value_{i}_scale    float32 [S, B, Hkv]   (fp8 KV only)
+             ffn_skipped    bool   [L]          which layers skipped their FFN (gated only)
 
 The KV layout is position-major so that the first P positions of a buffer
 ``[max_seq, B, Hkv, D]`` are one contiguous block: the engine hands the graph a view of its

@@ -81,7 +81,8 @@ class OnnxEngine:
                        self.manifest.kv.dtype)
 
     def forward(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
-                logits_index: np.ndarray | None = None) -> np.ndarray:
+                logits_index: np.ndarray | None = None,
+                allow_skip: bool = False) -> np.ndarray:
         """Run the graph on new tokens and append their KV to ``cache``.
 
         Args:
@@ -90,6 +91,8 @@ class OnnxEngine:
             n_new: [B] valid tokens per row (0 = the row is idle this step).
             logits_index: [B, K] positions (within the S new ones) to score; default the last
                 valid one per row.
+            allow_skip: this is a decode step: FFN gates may skip (one token of one sequence
+                only; prefill never skips, so cached KV never depends on the gates).
         Returns:
             logits [B, K, V] float32.
         """
@@ -101,25 +104,34 @@ class OnnxEngine:
                               f"{self.manifest.kv.dtype}", "allocate it with new_cache()")
         if logits_index is None:
             logits_index = np.maximum(n_new - 1, 0).astype(np.int64)[:, None]
+        n_new = np.asarray(n_new, dtype=np.int64)
+        if int((cache.lengths + n_new).max()) > cache.max_seq:
+            raise EngineError(f"sequence would exceed max_seq {cache.max_seq}",
+                              "shorten the prompt or max_tokens")
+        # padded positions past a row's end are never stored; keep them inside the RoPE table
+        positions = np.minimum(cache.lengths[:, None] + np.arange(s, dtype=np.int64),
+                               self.dims.max_seq - 1)
         feeds: dict[str, np.ndarray | ort.OrtValue] = {
             "input_ids": np.ascontiguousarray(tokens, dtype=np.int64),
-            "position_ids": cache.lengths[:, None] + np.arange(s, dtype=np.int64),
+            "position_ids": positions,
             "past_lengths": cache.lengths.copy(),
             "logits_index": np.ascontiguousarray(logits_index, dtype=np.int64),
         }
-        if int((cache.lengths + s).max()) > cache.max_seq:
-            raise EngineError(f"sequence would exceed max_seq {cache.max_seq}",
-                              "shorten the prompt or max_tokens")
+        if self.ffn_skips is not None:
+            feeds["ffn_allow_skip"] = np.array(allow_skip)
         fp8 = cache.dtype == "float8_e4m3fn"
         for name, view in cache.past().items():
             feeds[f"past_{name}"] = (
                 ort.OrtValue.ortvalue_from_numpy_with_onnx_type(view, FP8)  # zero-copy
                 if fp8 and not name.endswith("_scale") else view)
-        results = dict(zip(self.output_names, self.session.run(self.output_names, feeds),
-                           strict=True))
+        try:
+            outs = self.session.run(self.output_names, feeds)
+        except Exception as e:  # onnxruntime raises untyped errors (memory, shapes)
+            raise EngineError(f"ONNX Runtime failed on a step of {b}x{s} tokens ({e})") from e
+        results = dict(zip(self.output_names, outs, strict=True))
         cache.append({name[4:]: out for name, out in results.items()
                       if name.startswith("new_")}, n_new.astype(np.int64))
-        if self.ffn_skips is not None and b * s == 1:
+        if self.ffn_skips is not None and allow_skip and b * s == 1:
             self.ffn_steps += 1
             self.ffn_skips += results["ffn_skipped"]
         logits: np.ndarray = results["logits"]

@@ -11,6 +11,7 @@ shares a prefix with one of them continues in it without copying anything.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,17 +19,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rung.engines import Engine
+from rung.engines.errors import EngineError
 from rung.engines.kv import KVCache
 from rung.engines.kv_store import ColdStore, chain_keys
 
 
 @dataclass
 class PrefixStats:
-    requests: int = 0
-    cached_tokens: int = 0
-    hot_hits: int = 0
-    cold_hits: int = 0
-    restore_ms: float = 0.0
+    requests: int = 0        # rows offered to restore()
+    cached_tokens: int = 0   # positions restored instead of prefilled
+    cold_hits: int = 0       # rows that restored at least one block
+    restore_ms: float = 0.0  # time spent restoring
 
 
 class PrefixCache:
@@ -54,6 +55,8 @@ class PrefixCache:
             restored += self.block
         usable = min(restored, max(len(tokens) - 1, 0))
         cache.lengths[row] = usable
+        self.stats.requests += 1
+        self.stats.cached_tokens += usable
         if usable:
             self.stats.cold_hits += 1
             self.stats.restore_ms += (time.perf_counter() - t0) * 1000
@@ -65,10 +68,13 @@ class PrefixCache:
         n = len(tokens) // self.block * self.block
         if n == 0:
             return 0
+        keys = chain_keys(self.engine_id, tokens[:n], self.block)
+        if self.store.longest_prefix(keys) == len(keys):
+            for key in keys:
+                self.store.pin(key)
+            return n
         cache = engine.new_cache(1, n)
-        if self.restore(cache, 0, list(tokens[:n]) + [0]) < n:
-            cache.lengths[0] = 0
-            engine.forward(cache, np.array([tokens[:n]]), np.array([n], np.int64))
+        engine.forward(cache, np.array([tokens[:n]]), np.array([n], np.int64))
         self.save(cache, 0, tokens[:n], pinned=True)
         return n
 
@@ -83,9 +89,9 @@ class PrefixCache:
                 if pinned:
                     self.store.pin(key)
                 continue
-            self.store.put(key, {name: buf[i * self.block:(i + 1) * self.block, row].copy()
-                                 for name, buf in cache.buffers.items()}, pinned=pinned)
-            stored += 1
+            stored += int(self.store.put(
+                key, {name: buf[i * self.block:(i + 1) * self.block, row].copy()
+                      for name, buf in cache.buffers.items()}, pinned=pinned))
         return stored
 
 
@@ -94,6 +100,7 @@ class _Slot:
     cache: KVCache
     tokens: list[int] = field(default_factory=list)
     used: float = 0.0
+    busy: bool = False
 
 
 class HotSlots:
@@ -101,6 +108,7 @@ class HotSlots:
 
     def __init__(self, engine: Engine, slots: int, max_seq: int | None = None) -> None:
         self.slots = [_Slot(engine.new_cache(1, max_seq)) for _ in range(slots)]
+        self._lock = threading.Lock()
 
     @classmethod
     def from_budget(cls, engine: Engine, budget_bytes: int,
@@ -116,8 +124,13 @@ class HotSlots:
         return sum(s.cache.nbytes for s in self.slots)
 
     def acquire(self, tokens: Sequence[int]) -> tuple[KVCache, int]:
-        """The slot sharing the longest prefix with ``tokens`` (else the least recently
-        used), its length set to that shared prefix (at most ``len(tokens) - 1``)."""
+        """A free slot, the one sharing the longest prefix with ``tokens`` (else the least
+        recently used), its length set to that shared prefix (at most ``len(tokens) - 1``);
+        it stays busy until ``release``.
+
+        Raises:
+            EngineError: every slot is busy.
+        """
         def shared(slot: _Slot) -> int:
             n = min(len(slot.tokens), int(slot.cache.lengths[0]), len(tokens) - 1)
             i = 0
@@ -125,18 +138,29 @@ class HotSlots:
                 i += 1
             return i
 
-        best = max(self.slots, key=lambda s: (shared(s), -s.used if not s.tokens else s.used))
-        n = shared(best)
-        if n == 0:
-            best = min(self.slots, key=lambda s: s.used)
-        best.cache.lengths[0] = n
-        best.tokens = list(tokens)
-        best.used = time.monotonic()
-        return best.cache, n
+        with self._lock:
+            free = [s for s in self.slots if not s.busy]
+            if not free:
+                raise EngineError(f"all {len(self.slots)} hot slots are busy",
+                                  "release a slot or configure more")
+            best = max(free, key=lambda s: (shared(s), s.used))
+            n = shared(best)
+            if n == 0:
+                best = min(free, key=lambda s: s.used)
+            best.cache.lengths[0] = n
+            best.tokens = list(tokens[:n])
+            best.used = time.monotonic()
+            best.busy = True
+            return best.cache, n
 
-    def release(self, cache: KVCache, tokens: Sequence[int]) -> None:
-        """Record what the slot's cache now holds (prompt + generated tokens)."""
-        for s in self.slots:
-            if s.cache is cache:
-                s.tokens = list(tokens)
-                s.used = time.monotonic()
+    def release(self, cache: KVCache, tokens: Sequence[int] | None) -> None:
+        """Free the slot of ``cache``, recording what it now holds (prompt + generated
+        tokens), or nothing (``None``: the request failed, the contents are unknown)."""
+        with self._lock:
+            for s in self.slots:
+                if s.cache is cache:
+                    s.tokens = list(tokens) if tokens is not None else []
+                    if tokens is None:
+                        s.cache.lengths[0] = 0
+                    s.used = time.monotonic()
+                    s.busy = False

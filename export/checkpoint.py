@@ -48,6 +48,8 @@ def read_json(path: Path, required: bool = True) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: corrupt JSON ({e})", "restore the file") from e
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e})", "check permissions") from e
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object", "restore the file")
     return data
@@ -160,8 +162,12 @@ def load_checkpoint(hf_dir: Path, max_seq: int | None = None,
     seq = min(max_seq or min(limit, 4096), limit)
     generation = read_json(hf_dir / "generation_config.json", required=False)
     gen_eos = generation.get("eos_token_id")
-    eos = list(cfg.eos_token_ids) + (gen_eos if isinstance(gen_eos, list)
-                                     else [] if gen_eos is None else [gen_eos])
+    gen_ids = gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in gen_ids):
+        raise CheckpointError(f"{hf_dir / 'generation_config.json'}: eos_token_id must be an "
+                              f"integer or a list of integers, got {gen_eos!r}",
+                              "fix generation_config.json")
+    eos = list(cfg.eos_token_ids) + gen_ids
     try:
         tok = read_tokenizer_spec(hf_dir, extra_eos_ids=eos)
     except TokenizerError as e:

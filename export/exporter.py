@@ -1,7 +1,8 @@
 """``rung export``: HF checkpoint -> our PyTorch model -> ONNX graph -> verified engine dir.
 
-The manifest is written last and only when verification passes: a directory with a
-manifest is a complete, verified engine.
+The manifest is written last and only when verification passes (or was skipped on request,
+``--no-verify``: the manifest then has no parity record): a directory with a manifest is a
+complete engine.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
                           f"choose one of {', '.join(WEIGHTS)}")
     if opts.kv not in KV:
         raise ExportError(f"--kv {opts.kv} is not available", f"choose one of {', '.join(KV)}")
+    if opts.max_seq is not None and opts.max_seq < 8:
+        raise ExportError(f"--max-seq {opts.max_seq} is too small", "give at least 8")
     if opts.ffn_skip not in FFN_SKIP:
         raise ExportError(f"--ffn-skip {opts.ffn_skip} is not available",
                           f"choose one of {', '.join(FFN_SKIP)}")
@@ -116,7 +119,8 @@ def prepare_gates(ckpt: Checkpoint, opts: ExportOptions) -> dict[str, Any] | Non
             raise ExportError(f"{ckpt.path}: --ffn-skip trained, but the checkpoint has no "
                               "FFN gates", "use --ffn-skip calibrate --calib-text FILE")
         return {"mode": "trained"}
-    assert opts.calib_text is not None
+    if opts.calib_text is None:
+        raise ExportError("--ffn-skip calibrate needs --calib-text FILE")
     text = Path(opts.calib_text).read_text(encoding="utf-8", errors="replace")
     tok = Tokenizer.load(ckpt.path, ckpt.tokenizer)
     with step(f"calibrating FFN gates on {opts.calib_text} (budget: mean KL "

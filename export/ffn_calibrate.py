@@ -95,7 +95,8 @@ def _set_gates(model: RungForCausalLM, probes: list[tuple[np.ndarray, float]],
     with torch.no_grad():
         for layer, (w, b) in zip(model.model.layers, probes, strict=True):
             gate = layer.mlp.ffn_gate
-            assert gate is not None
+            if gate is None:
+                raise ExportError("calibration needs the FFN gates in place")
             gate.proj.weight.copy_(torch.from_numpy(-w).view(1, -1))
             gate.proj.bias.fill_(tau - b)
 

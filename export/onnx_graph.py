@@ -91,7 +91,7 @@ class Shared:
     sin: str          # [B, S, 1, D]
     bias: str         # [B, 1, G*S, P+S] additive attention mask
     split_ps: str     # [2] = (P, S), splits the key axis into past and new
-    single: str | None  # bool scalar: one token of one sequence (FFN gates may skip)
+    single: str | None  # bool scalar: a one-token decode step of one sequence (gates may skip)
 
 
 def shared_values(g: Builder, model: RungForCausalLM) -> Shared:
@@ -119,7 +119,10 @@ def shared_values(g: Builder, model: RungForCausalLM) -> Shared:
                 g.const([1, 1, c.kv_groups, 1], np.int64))                        # [B,1,G*S,T]
     split_ps = g.op("Concat", g.op("Unsqueeze", p, g.const([0], np.int64)),
                     g.op("Unsqueeze", s, g.const([0], np.int64)), axis=0)
-    single = (g.op("Equal", g.op("Size", "input_ids"), g.const(1, np.int64))
+    # gates act only where the engine says this is a decode step (ffn_allow_skip) and the
+    # step is one token of one sequence: prefill, suffix prefill and batches never skip
+    single = (g.op("And", "ffn_allow_skip",
+                   g.op("Equal", g.op("Size", "input_ids"), g.const(1, np.int64)))
               if model.has_ffn_gates else None)
     return Shared(cos, sin, bias, split_ps, single)
 
@@ -207,7 +210,8 @@ def gated_ffn(g: Builder, model: RungForCausalLM, i: int, x: str, h: str,
     """``x + FFN(h)``, behind an ``If`` that skips the FFN when this is a one-token step
     (``single``) and the layer's gate says ``z > 0``. Returns (output, skip flag [1])."""
     gate, pre = model.model.layers[i].mlp.ffn_gate, f"layers.{i}.mlp.ffn_gate"
-    assert gate is not None
+    if gate is None:
+        raise ValueError(f"layer {i} has no ffn_gate")
     z = linear(g, h, gate.proj, f"{pre}.proj")                               # [B, S, 1]
     z = g.op("ReduceMax", z, keepdims=0)                                     # scalar
     skip = g.op("And", single, g.op("Greater", z, g.const(0.0, np.float32)))
@@ -266,6 +270,7 @@ def io_specs(model: RungForCausalLM) -> tuple[list[TensorSpec], list[TensorSpec]
               TensorSpec("logits_index", "int64", ["B", "K"])]
     outputs = [TensorSpec("logits", "float32", ["B", "K", c.vocab_size])]
     if model.has_ffn_gates:
+        inputs.append(TensorSpec("ffn_allow_skip", "bool", []))
         outputs.append(TensorSpec("ffn_skipped", "bool", [c.num_layers]))
     for i in range(c.num_layers):
         for part in ("key", "value"):

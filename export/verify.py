@@ -90,7 +90,8 @@ def _gated_decode(engine: Engine, model: RungForCausalLM, prompt: list[int],
     for _ in range(steps):
         got.append(logits[0, -1])
         seq.append(int(logits[0, -1].argmax()))
-        logits = engine.forward(cache, np.array([[seq[-1]]]), np.ones(1, np.int64))
+        logits = engine.forward(cache, np.array([[seq[-1]]]), np.ones(1, np.int64),
+                                allow_skip=True)
     ids = torch.tensor([seq[:-1]])
     positions = torch.arange(ids.shape[1])[None] >= len(prompt)
     with torch.no_grad():

@@ -48,7 +48,7 @@ def unconstrained(runner: TaskRunner, samples: list[dict[str, Any]]) -> float:
     ok = 0
     for s in samples:
         task = runner.tasks[s["task"]]
-        ids = runner.tokenizer.encode_chat(task.messages(s["input"]))
+        ids = runner.prompt_ids(task, s["input"])
         (g,) = generate(runner.engine, runner.tokenizer, [ids],
                         SamplingParams(max_tokens=task.max_tokens))
         with contextlib.suppress(json.JSONDecodeError):
@@ -101,7 +101,7 @@ def teacher_forced(engine: Engine, tok: Tokenizer, runner: TaskRunner,
     rows = []
     for s in samples:
         task = runner.tasks[s["task"]]
-        prompt = tok.encode_chat(task.messages(s["input"]))
+        prompt = runner.prompt_ids(task, s["input"])
         answer = tok.encode(json.dumps(s["output"], separators=(",", ":"),
                                        ensure_ascii=False), add_bos=False)
         if len(prompt) + len(answer) > engine.manifest.dims.max_seq:
@@ -109,7 +109,8 @@ def teacher_forced(engine: Engine, tok: Tokenizer, runner: TaskRunner,
         cache = engine.new_cache(1)
         rows.append(engine.forward(cache, np.array([prompt]), np.array([len(prompt)]))[0, -1])
         for t in answer[:-1]:
-            rows.append(engine.forward(cache, np.array([[t]]), np.ones(1, np.int64))[0, -1])
+            rows.append(engine.forward(cache, np.array([[t]]), np.ones(1, np.int64),
+                                       allow_skip=True)[0, -1])
     return np.stack(rows)
 
 

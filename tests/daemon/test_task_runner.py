@@ -108,3 +108,25 @@ def test_task_prompts_warmed_and_pinned_at_start(task_engine: Path) -> None:
     assert a.generation is not None and b.generation is not None
     assert a.generation.cached_tokens >= 64 and b.generation.cached_tokens == 0
     assert a.generation.token_ids == b.generation.token_ids
+
+
+def test_json_closing_exactly_at_max_tokens_is_not_truncated(runner: TaskRunner) -> None:
+    params = SamplingParams(temperature=1.0, seed=5)
+    (free,) = runner.run([("level", {"value": 7})], params)
+    assert free.ok and free.generation is not None
+    n = len(free.generation.token_ids) - 1          # the answer without its EOS
+    (tight,) = runner.run([("level", {"value": 7})], params, max_tokens=n)
+    assert tight.generation is not None and tight.generation.finish_reason == "length"
+    assert tight.ok and tight.output == free.output
+    (short,) = runner.run([("level", {"value": 7})], params, max_tokens=n - 1)
+    assert short.error is not None and short.error["code"] == "truncated"
+
+
+def test_one_bad_request_does_not_sink_the_batch(runner: TaskRunner) -> None:
+    good = SamplingParams(seed=1)
+    bad = SamplingParams.__new__(SamplingParams)  # bypass validation, as a raw request would
+    object.__setattr__(bad, "__dict__", {**good.__dict__, "top_p": 7.0})
+    results = runner.run([("level", {"value": 1}), ("level", {"value": 2})], [good, bad])
+    assert results[0].ok
+    assert results[1].error is not None and results[1].error["code"] == "bad_request"
+    assert "top_p" in results[1].error["message"]

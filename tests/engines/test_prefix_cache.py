@@ -121,3 +121,18 @@ def test_hot_slots_from_a_byte_budget(loaded: tuple[Engine, Tokenizer]) -> None:
     per_slot = m.kv.bytes_per_token(m.dims) * 64
     slots = HotSlots.from_budget(engine, 3 * per_slot + 1, max_seq=64)
     assert len(slots.slots) == 3 and slots.nbytes == 3 * per_slot
+
+
+def test_a_busy_hot_slot_is_never_handed_out_twice(loaded: tuple[Engine, Tokenizer]) -> None:
+    from rung.engines.errors import EngineError
+
+    engine, _ = loaded
+    slots = HotSlots(engine, 2)
+    a, _ = slots.acquire([1, 2, 3, 4])
+    b, n = slots.acquire([1, 2, 3, 9])          # same prefix, but slot a is busy
+    assert b is not a and n == 0
+    with pytest.raises(EngineError, match="all 2 hot slots are busy"):
+        slots.acquire([5, 6])
+    slots.release(a, None)                       # a failed request: contents unknown
+    c, n = slots.acquire([1, 2, 3, 4])
+    assert c is a and n == 0

@@ -48,12 +48,14 @@ def _export_with_gates(hf: Path, out: Path, bias: float,
     return out
 
 
-def _decode(engine: Engine, prompt: list[int], steps: int) -> np.ndarray:
+def _decode(engine: Engine, prompt: list[int], steps: int,
+            skip_prefill: bool = False) -> np.ndarray:
     cache = engine.new_cache(1)
-    logits = [engine.forward(cache, np.array([prompt]), np.array([len(prompt)]))[0, -1]]
+    logits = [engine.forward(cache, np.array([prompt]), np.array([len(prompt)]),
+                             allow_skip=skip_prefill)[0, -1]]
     for _ in range(steps):
         nxt = np.array([[logits[-1].argmax()]])
-        logits.append(engine.forward(cache, nxt, np.ones(1, np.int64))[0, -1])
+        logits.append(engine.forward(cache, nxt, np.ones(1, np.int64), allow_skip=True)[0, -1])
     return np.stack(logits)
 
 
@@ -67,9 +69,9 @@ def test_skip_all_equals_zeroed_ffns(checkpoints: dict[str, tuple[Path, Any]],
     hf = checkpoints["qwen3"][0]
     gated = load_engine(_export_with_gates(hf, tmp_path / "g", 1e4, monkeypatch))
     zeroed = load_engine(_export_with_gates(hf, tmp_path / "z", 0, monkeypatch, True))
-    # a one-token prompt: every step, the prefill too, is a one-token step that skips
-    np.testing.assert_allclose(_decode(gated, [7], 12), _decode(zeroed, [7], 12),
-                               atol=1e-5, rtol=0)
+    # a one-token prompt run as a decode step too: every step skips
+    np.testing.assert_allclose(_decode(gated, [7], 12, skip_prefill=True),
+                               _decode(zeroed, [7], 12), atol=1e-5, rtol=0)
     assert gated.ffn_steps == 13 and gated.ffn_skips is not None
     assert gated.ffn_skips.tolist() == [13, 13]
 
@@ -97,10 +99,12 @@ def test_prefill_and_batches_never_skip(checkpoints: dict[str, tuple[Path, Any]]
     for engine in (gated, plain):
         cache = engine.new_cache(2)
         first = engine.forward(cache, tokens, np.array([4, 3]))             # prefill, B=2
-        step = engine.forward(cache, np.array([[5], [6]]), np.array([1, 1]))  # decode, B=2
+        step = engine.forward(cache, np.array([[5], [6]]), np.array([1, 1]),
+                              allow_skip=True)                             # decode, B=2
         one = engine.new_cache(1)
-        pre = engine.forward(one, tokens[:1], np.array([4]))               # prefill, B=1
-        outs.append((first, step, pre))
+        pre = engine.forward(one, tokens[:1], np.array([4]), allow_skip=True)  # prefill, B=1
+        single = engine.forward(one, np.array([[9]]), np.array([1]))       # suffix prefill
+        outs.append((first, step, pre, single))
     for a, b in zip(*outs, strict=True):
         np.testing.assert_array_equal(a, b)
     assert gated.ffn_steps == 0 and gated.ffn_skips is not None
@@ -139,7 +143,8 @@ def test_calibration_stays_within_budget_on_held_out_text(
         cache = engine.new_cache(1)
         out.append(engine.forward(cache, np.array([ids[:1]]), np.array([1]))[0, -1])
         for t in ids[1:]:
-            out.append(engine.forward(cache, np.array([[t]]), np.ones(1, np.int64))[0, -1])
+            out.append(engine.forward(cache, np.array([[t]]), np.ones(1, np.int64),
+                                      allow_skip=True)[0, -1])
     quality = logit_metrics(np.stack(ref), np.stack(got))
     assert quality["mean_kl"] <= budget, quality
     assert gated.ffn_skips is not None and gated.ffn_skips.sum() > 0
