@@ -184,10 +184,10 @@ def _build_rung_ffn(preset: str, out: Path, mode: str, value: float) -> None:
     art = locate(preset)
     if mode == "forced":
         src = gated_checkpoint(art.hf, art.root / f"hf-gates{value:+.0e}", value)
-        opts = ExportOptions(max_seq=MAX_SEQ[preset], ffn_skip="trained")
+        opts = ExportOptions(kv="fp32", max_seq=MAX_SEQ[preset], ffn_skip="trained")
     else:
         src = art.hf
-        opts = ExportOptions(max_seq=MAX_SEQ[preset], ffn_skip="calibrate",
+        opts = ExportOptions(kv="fp32", max_seq=MAX_SEQ[preset], ffn_skip="calibrate",
                              calib_text=calib_text(art.root / "calib.txt"), quality_budget=value)
     manifest = export(src, out, opts)
     print(f"exported engine {manifest.engine_id}; ffn_gate {manifest.ffn_gate}")

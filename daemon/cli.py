@@ -25,7 +25,8 @@ def _export_parser(sub: Any) -> None:
     p.add_argument("hf_dir", type=Path, help="local Hugging Face model directory")
     p.add_argument("-o", "--output", type=Path, required=True, help="engine directory to write")
     p.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "int8", "int4"])
-    p.add_argument("--kv", default="fp32", choices=["fp32", "fp16", "fp8"])
+    p.add_argument("--kv", default="fp8", choices=["fp32", "fp16", "fp8"],
+                   help="KV cache dtype (default fp8: e4m3 with per-token-per-head scales)")
     p.add_argument("--ffn-skip", default="off", choices=["off", "calibrate", "trained"],
                    help="skip FFNs at decode behind gates: fitted from --calib-text, or "
                    "as trained into the checkpoint")

@@ -38,6 +38,19 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+def _requests() -> list[tuple[str, dict[str, Any]]]:
+    """One held-out instruction per task from the corpus generator (a seed training never
+    used: the demo model knows these plants' point names), else the hand-written ones."""
+    try:
+        from rung.tools.corpus import generate
+    except ImportError:
+        return REQUESTS
+    picked: dict[str, dict[str, Any]] = {}
+    for sample in generate(9, seed=4242):
+        picked.setdefault(sample["task"], sample["input"])
+    return [(task, picked.get(task, data)) for task, data in REQUESTS]
+
+
 def cache_dir() -> Path:
     root = os.environ.get("RUNG_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rung")
@@ -105,7 +118,7 @@ def run(max_tokens: int | None = None) -> int:
               f"agreement {m.parity.greedy_agreement:.2f}", file=sys.stderr)
     runner = TaskRunner(engine, Tokenizer.load(engine_dir, m.tokenizer), load_tasks(),
                         engine_dir)
-    for task, data in REQUESTS:
+    for task, data in _requests():
         (r,) = runner.run([(task, data)], SamplingParams(), max_tokens)
         g = r.generation
         print(f"\n=== {task}: {next(iter(data.values()))}")

@@ -42,7 +42,10 @@ RUNG_VERSION = "0.1.0"
 @dataclass(frozen=True)
 class ExportOptions:
     weights: str = "fp32"        # fp32 | fp16
-    kv: str = "fp32"             # fp32 | fp16 | fp8 (e4m3, per-token-per-head scales)
+    # fp8 (e4m3, per-token-per-head scales) by default: 0.27x of fp32's memory; on the
+    # trained demo model mean KL 1.2e-4 and 99.75 % greedy agreement against fp32 KV, decode
+    # cost on CPU 2 % at 128 tokens of context and 13 % at 1024 (docs/benchmarks.md)
+    kv: str = "fp8"              # fp32 | fp16 | fp8
     max_seq: int | None = None
     norm_eps: float | None = None
     verify: bool = True

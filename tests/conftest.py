@@ -29,7 +29,7 @@ def engines(checkpoints: dict[str, tuple[Path, Any]],
     out = {}
     for arch, (path, _) in checkpoints.items():
         engine_dir = tmp_path_factory.mktemp(f"engine-{arch}")
-        export(path, engine_dir, ExportOptions(max_seq=128))
+        export(path, engine_dir, ExportOptions(kv="fp32", max_seq=128))
         out[arch] = engine_dir
     return out
 
@@ -43,5 +43,5 @@ def task_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save_checkpoint("qwen3", hf, config={"max_position_embeddings": 2048,
                                          "initializer_range": 0.05})
     engine_dir = tmp_path_factory.mktemp("engine-tasks")
-    export(hf, engine_dir, ExportOptions(max_seq=1024))
+    export(hf, engine_dir, ExportOptions(kv="fp32", max_seq=1024))
     return engine_dir

@@ -118,8 +118,8 @@ def evaluate(model_dir: Path, n: int, seed: int) -> dict[str, Any]:
     samples = corpus(n, seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
         gated_dir, plain_dir = Path(tmp) / "gated", Path(tmp) / "plain"
-        export(model_dir, gated_dir, ExportOptions(ffn_skip="trained"))
-        export(model_dir, plain_dir, ExportOptions(ffn_skip="off"))
+        export(model_dir, gated_dir, ExportOptions(kv="fp32", ffn_skip="trained"))
+        export(model_dir, plain_dir, ExportOptions(kv="fp32", ffn_skip="off"))
         kv8_dir = Path(tmp) / "kv8"
         export(model_dir, kv8_dir, ExportOptions(ffn_skip="off", kv="fp8"))
         gated, plain = _runner(gated_dir), _runner(plain_dir)

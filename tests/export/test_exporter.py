@@ -80,7 +80,7 @@ def test_qwen3_explicit_head_dim_and_tied_head(engines: dict[str, Path]) -> None
 def test_fp16_weights_export_within_tolerance(checkpoints: dict[str, tuple[Path, Any]],
                                               tmp_path: Path) -> None:
     path, hf = checkpoints["llama"]
-    m = export(path, tmp_path, ExportOptions(weights="fp16", max_seq=64))
+    m = export(path, tmp_path, ExportOptions(kv="fp32", weights="fp16", max_seq=64))
     assert m.weights == "fp16" and m.parity is not None and m.parity.passed
     fp32_size = sum(p.numel() for p in hf.parameters()) * 4
     assert (tmp_path / "model.onnx.data").stat().st_size < 0.6 * fp32_size
@@ -91,7 +91,7 @@ def test_sharded_checkpoint_exports(tmp_path: Path) -> None:
 
     save_checkpoint("qwen2", tmp_path / "hf", max_shard_size="50KB")
     assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
-    m = export(tmp_path / "hf", tmp_path / "engine", ExportOptions(max_seq=64))
+    m = export(tmp_path / "hf", tmp_path / "engine", ExportOptions(kv="fp32", max_seq=64))
     assert m.parity is not None and m.parity.passed
 
 
@@ -114,5 +114,5 @@ def test_verification_failure_fails_the_export(checkpoints: dict[str, tuple[Path
 
     monkeypatch.setattr(exporter, "build_graph", broken)
     with pytest.raises(ExportError, match="verification failed"):
-        export(checkpoints["mistral"][0], tmp_path, ExportOptions(max_seq=64))
+        export(checkpoints["mistral"][0], tmp_path, ExportOptions(kv="fp32", max_seq=64))
     assert not (tmp_path / "manifest.json").exists()

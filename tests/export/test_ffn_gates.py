@@ -43,7 +43,7 @@ def _export_with_gates(hf: Path, out: Path, bias: float,
         return {"mode": "forced"}
 
     monkeypatch.setattr(exporter, "prepare_gates", forced)
-    export(hf, out, ExportOptions(max_seq=64))
+    export(hf, out, ExportOptions(kv="fp32", max_seq=64))
     monkeypatch.setattr(exporter, "prepare_gates", real)
     return out
 
@@ -125,7 +125,7 @@ def test_calibration_stays_within_budget_on_held_out_text(
         checkpoints: dict[str, tuple[Path, Any]], engines: dict[str, Path], calib_text: Path,
         tmp_path: Path) -> None:
     budget = 0.2
-    m = export(checkpoints["llama"][0], tmp_path, ExportOptions(
+    m = export(checkpoints["llama"][0], tmp_path, ExportOptions(kv="fp32",
         max_seq=128, ffn_skip="calibrate", calib_text=calib_text, quality_budget=budget))
     gate = m.ffn_gate
     assert gate is not None and gate["mode"] == "calibrate"
@@ -152,14 +152,14 @@ def test_calibration_stays_within_budget_on_held_out_text(
 
 def test_calibration_errors(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="needs --calib-text"):
-        export(checkpoints["llama"][0], tmp_path, ExportOptions(ffn_skip="calibrate"))
+        export(checkpoints["llama"][0], tmp_path, ExportOptions(kv="fp32", ffn_skip="calibrate"))
     short = tmp_path / "short.txt"
     short.write_text("too short")
     with pytest.raises(ExportError, match="at least"):
-        export(checkpoints["llama"][0], tmp_path, ExportOptions(
+        export(checkpoints["llama"][0], tmp_path, ExportOptions(kv="fp32",
             ffn_skip="calibrate", calib_text=short))
     with pytest.raises(ExportError, match="has no FFN gates"):
-        export(checkpoints["llama"][0], tmp_path, ExportOptions(ffn_skip="trained"))
+        export(checkpoints["llama"][0], tmp_path, ExportOptions(kv="fp32", ffn_skip="trained"))
 
 
 def test_gates_train_with_a_sparsity_term(checkpoints: dict[str, tuple[Path, Any]]) -> None:
@@ -195,11 +195,11 @@ def test_trained_gates_load_from_a_checkpoint(checkpoints: dict[str, tuple[Path,
         state[f"model.layers.{i}.mlp.ffn_gate.proj.weight"] = torch.zeros(1, 64)
         state[f"model.layers.{i}.mlp.ffn_gate.proj.bias"] = torch.tensor([1.0 if i else -1.0])
     save_file(state, hf / "model.safetensors")
-    m = export(hf, tmp_path / "e", ExportOptions(max_seq=64, ffn_skip="trained"))
+    m = export(hf, tmp_path / "e", ExportOptions(kv="fp32", max_seq=64, ffn_skip="trained"))
     assert m.ffn_gate == {"mode": "trained"}
     engine = load_engine(tmp_path / "e")
     _decode(engine, [5, 6, 7], 4)
     assert engine.ffn_skips is not None and engine.ffn_skips.tolist() == [0, 4]
-    plain = export(hf, tmp_path / "p", ExportOptions(max_seq=64))  # --ffn-skip off
+    plain = export(hf, tmp_path / "p", ExportOptions(kv="fp32", max_seq=64))  # --ffn-skip off
     assert plain.ffn_gate is None and "If" not in _op_types(tmp_path / "p")
     assert load_manifest(tmp_path / "p").outputs[1].name != "ffn_skipped"

@@ -26,6 +26,6 @@ def test_smoke_training_lowers_loss_and_exports(tmp_path: Path) -> None:
     assert result["steps"] == 12 and losses[-1] < losses[0] * 0.9, losses
     assert (tmp_path / "model" / "model.safetensors").is_file()
     m = export(tmp_path / "model", tmp_path / "engine",
-               ExportOptions(ffn_skip="trained", max_seq=1024))
+               ExportOptions(kv="fp32", ffn_skip="trained", max_seq=1024))
     assert m.ffn_gate == {"mode": "trained"} and m.parity is not None and m.parity.passed
     assert load_manifest(tmp_path / "engine").tokenizer.chat_template
