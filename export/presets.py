@@ -9,6 +9,7 @@ exporter, transformers and onnxruntime-genai's builder all read the same checkpo
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +50,16 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(vocab_size: int) -> Tokenizer:
-    """Byte-level BPE with ChatML special tokens, deterministic, at most ``vocab_size``."""
+def build_tokenizer(vocab_size: int, texts: Sequence[str] | None = None) -> Tokenizer:
+    """Byte-level BPE with ChatML special tokens trained on ``texts`` (default: a few
+    automation sentences), deterministic, at most ``vocab_size`` tokens."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(CORPUS * 4, trainer)
+    tok.train_from_iterator(CORPUS * 4 if texts is None else texts, trainer)
     return tok
 
 

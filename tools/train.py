@@ -28,15 +28,12 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from rung.daemon.tasks import Task, load_tasks
 from rung.export.arch import parse_config
 from rung.export.model import RungForCausalLM
-
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+from rung.export.presets import CHATML, build_tokenizer
 
 
 @dataclass(frozen=True)
@@ -68,17 +65,6 @@ def chat_text(task: Task, data: dict[str, Any], answer: dict[str, Any] | None) -
     if answer is not None:
         text += json.dumps(answer, separators=(",", ":"), ensure_ascii=False) + "<|im_end|>"
     return text
-
-
-def build_tokenizer(texts: Sequence[str], vocab_size: int) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return tok
 
 
 def encode_samples(tok: Tokenizer, tasks: dict[str, Task], samples: Sequence[dict[str, Any]],
@@ -145,7 +131,7 @@ def train(cfg: TrainConfig, samples: Sequence[dict[str, Any]], out: Path,
     rng = random.Random(cfg.seed)
     tasks = dict(load_tasks())
     texts = [chat_text(tasks[s["task"]], s["input"], s["output"]) for s in samples]
-    tok = build_tokenizer(texts, cfg.vocab_size)
+    tok = build_tokenizer(cfg.vocab_size, texts)
     data = encode_samples(tok, tasks, samples, cfg.max_seq)
     hf_cfg = model_config(cfg, tok)
     model = RungForCausalLM(parse_config(hf_cfg), cfg.max_seq)
