@@ -111,6 +111,8 @@ def markdown(record: dict[str, Any]) -> str:
                          f"{r['step_ms_free']:.2f} | {r['step_ms_constrained']:.2f} | "
                          f"{r['mask_us_mean']:.0f} | {r['mask_us_p99']:.0f} | "
                          f"{r['overhead_pct']:+.1f}% |")
+    if "valid_rate" not in record:
+        return "\n".join(lines) + "\n"
     lines += ["", f"Schema-valid rate, {record['generations']} seeded generations per task "
               f"(temperature 1.0) on {record['valid_model']}:", "",
               "| task | schema-valid | of which semantically valid | truncated | "
@@ -138,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         runner = runner_for(model, args.threads)
         record["vocab"][model] = runner.engine.manifest.dims.vocab_size
         record["overhead"][model] = overhead(runner, args.tokens, 3 if i == 0 else 1)
-        if i == 0:
+        if i == 0 and args.generations > 0:
             record["valid_rate"] = valid_rate(runner, args.generations)
         del runner
+    args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / record["stamp"]
     stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(record))
