@@ -13,7 +13,6 @@ Writes ``bench/results/<date>-constrained.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 import artifacts
 import numpy as np
+import report
 
 from rung.daemon.task_runner import TaskRunner
 from rung.daemon.tasks import load_tasks
@@ -143,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         if i == 0 and args.generations > 0:
             record["valid_rate"] = valid_rate(runner, args.generations)
         del runner
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / record["stamp"]
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(record))
+    report.write_record(args.out, record, markdown(record))
     print(markdown(record))
     return 0
 

@@ -13,7 +13,6 @@ Writes ``bench/results/<date>-ffn-model.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import report
 
 from rung.engines import load_engine
 from rung.engines.onnx_engine import EngineOptions
@@ -103,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                      + (f"{q['mean_kl']:.3f} / {q['greedy_agreement']:.3f}" if q else "–")
                      + " |")
     md = "\n".join(lines) + "\n"
-    stem = args.out / record["stamp"]
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(md)
+    report.write_record(args.out, record, md)
     print(md)
     return 0
 

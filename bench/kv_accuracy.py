@@ -13,7 +13,6 @@ Writes ``bench/results/<date>-kv-accuracy.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 import artifacts
 import machine
 import numpy as np
+import report
 
 from rung.engines import Engine, load_engine
 from rung.engines.onnx_engine import EngineOptions
@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                   command=shlex.join(sys.orig_argv), model=args.preset,
                   prompts=args.prompts, tokens=args.tokens, prompt_len=args.prompt_len,
                   machine=machine.machine_info(), results=rows)
-    stem = args.out / record["stamp"]
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(record))
+    report.write_record(args.out, record, markdown(record))
     print(markdown(record))
     return 0
 

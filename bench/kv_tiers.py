@@ -13,7 +13,6 @@ tier for fp32, fp16 and fp8 KV at two zstd levels. Writes
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import shutil
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 import artifacts
 import numpy as np
+import report
 
 from rung.engines import Engine, load_engine
 from rung.engines.generate import generate
@@ -149,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kv_tiers: {record['tiers']}", file=sys.stderr)
         record["compression"][kv] = compression(engine, tok, args.prefix)
         print(f"kv_tiers: {kv}: {record['compression'][kv]}", file=sys.stderr)
-    stem = args.out / record["stamp"]
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(record))
+    report.write_record(args.out, record, markdown(record))
     print(markdown(record))
     return 0
 

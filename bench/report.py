@@ -1,11 +1,22 @@
-"""The benchmark record rendered: a markdown table and a grouped bar chart."""
+"""The benchmark record rendered: a markdown table and a grouped bar chart; and the one way
+every bench script writes its results (``<out>/<stamp>.json`` and ``.md``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 BASELINE = "ortgenai"
+
+
+def write_record(out: Path, record: dict[str, Any], md: str) -> Path:
+    """Write ``record`` as JSON and ``md`` next to it; returns the common stem."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / record["stamp"]
+    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(md)
+    return stem
 
 
 def _decode(res: dict[str, Any], ctx: int) -> float | None:

@@ -108,9 +108,7 @@ def measure_all(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
 
 
 def write_outputs(record: dict[str, Any], out: Path) -> Path:
-    stem = out / record["stamp"]
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(report.markdown(record))
+    stem = report.write_record(out, record, report.markdown(record))
     report.plot(record, stem.with_suffix(".png"))
     return stem
 

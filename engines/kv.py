@@ -73,10 +73,6 @@ class KVCache:
         p = self.past_len()
         return {name: buf[:p] for name, buf in self.buffers.items()}
 
-    def room(self) -> int:
-        """Free positions in the fullest row."""
-        return self.max_seq - int(self.lengths.max(initial=0))
-
     def append(self, new: Mapping[str, np.ndarray], n_new: np.ndarray) -> None:
         """Write each row's first ``n_new[b]`` new positions after its current length.
 
@@ -99,5 +95,3 @@ class KVCache:
                     buf[start:start + n, b] = src[:n, b]
         self.lengths = ends
 
-    def reset(self) -> None:
-        self.lengths[:] = 0
