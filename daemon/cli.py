@@ -1,4 +1,5 @@
-"""The ``rung`` command line: ``export``, ``generate``, ``demo``.
+"""The ``rung`` command line: ``export``, ``generate``, ``serve``, ``check``, ``ask``,
+``demo``, ``bench``.
 
 Each command is a ``run_<name>(args)`` function; ``main(argv=None)`` parses and dispatches so
 tests drive commands in-process. Errors: one line on stderr naming the problem and what to
@@ -78,6 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("script", nargs="?", default="run",
                        choices=["run", "kv_accuracy", "constrained"])
     bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
+    for name, what in (("serve", "run the daemon: MQTT requests in, validated answers out"),
+                       ("check", "check config, tasks, engine, state dir, broker and PLC links"),
+                       ("ask", "send one request to a running daemon over MQTT")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("--config", type=Path, required=True, help="daemon config (YAML)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key (value parsed as YAML; repeatable)")
+        if name == "ask":
+            p.add_argument("--task", required=True)
+            p.add_argument("--input", required=True, help="task input as a JSON object")
+            p.add_argument("--timeout", type=float, default=120.0,
+                           help="seconds to wait for the reply (also the message expiry)")
+            p.add_argument("--max-tokens", type=int)
+            p.add_argument("--temperature", type=float)
+            p.add_argument("--seed", type=int)
     demo = sub.add_parser("demo", help="the whole system on embedded defaults, on this machine")
     demo.add_argument("--max-tokens", type=int, help="cap the answers (default: each task's)")
     return parser
@@ -266,6 +282,57 @@ def run_demo(args: argparse.Namespace) -> int:
     return run(max_tokens=args.max_tokens)
 
 
+def run_serve(args: argparse.Namespace) -> int:
+    from rung.daemon.config import load_config
+    from rung.daemon.serve import serve
+
+    return serve(load_config(args.config, args.set))
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from rung.daemon.check import run_checks
+    from rung.daemon.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.set)
+    except ConfigError as e:
+        print(f"FAIL config     {e}")
+        return 1
+    print(f"ok   config     {args.config}")
+    checks = run_checks(cfg)
+    for c in checks:
+        print(f"{'ok  ' if c.ok else 'FAIL'} {c.name:<10} {c.detail}")
+    failed = [c.name for c in checks if not c.ok]
+    if failed:
+        print(f"rung: check failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_ask(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rung.daemon.ask import ask
+    from rung.daemon.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    try:
+        data = json.loads(args.input)
+    except json.JSONDecodeError as e:
+        raise RungError(f"--input is not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise RungError("--input must be a JSON object (the task's input fields)")
+    reply = asyncio.run(ask(cfg.mqtt, args.task, data, args.timeout,
+                            max_tokens=args.max_tokens, temperature=args.temperature,
+                            seed=args.seed))
+    print(json.dumps(reply, ensure_ascii=False, indent=2))
+    if not reply.get("ok"):
+        err = reply.get("error") or {}
+        print(f"rung: error: {err.get('code')}: {err.get('message')}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     import subprocess
 
@@ -276,7 +343,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"export": run_export, "generate": run_generate, "demo": run_demo,
-            "bench": run_bench}
+            "bench": run_bench, "serve": run_serve, "check": run_check, "ask": run_ask}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,15 +58,18 @@ class TaskRunner:
 
     def run(self, requests: Sequence[tuple[str, Any]],
             params: SamplingParams | Sequence[SamplingParams],
-            max_tokens: int | None = None) -> list[TaskResult]:
+            max_tokens: int | None | Sequence[int | None] = None) -> list[TaskResult]:
         """Answer ``(task name, input)`` requests as one batch (sampling: one for all or one
-        per request); each answer gets at most ``max_tokens`` (default: the task's own)."""
+        per request); each answer gets at most ``max_tokens`` (one for all or one per
+        request; default and upper bound: the task's own)."""
         all_params = ([params] * len(requests) if isinstance(params, SamplingParams)
                       else list(params))
+        caps = (list(max_tokens) if isinstance(max_tokens, Sequence)
+                else [max_tokens] * len(requests))
         results: list[TaskResult | None] = []
         prompts, constraints, todo, per_row = [], [], [], []
         max_seq = self.engine.manifest.dims.max_seq
-        for (name, data), req_params in zip(requests, all_params, strict=True):
+        for (name, data), req_params, cap in zip(requests, all_params, caps, strict=True):
             task = self.tasks.get(name)
             if task is None:
                 results.append(_fail(name, "unknown_task", f"no task named {name!r}"))
@@ -75,7 +78,7 @@ class TaskRunner:
                 task.check_input(data)
                 ids = self.prompt_ids(task, data)
                 row_params = replace(req_params, stop=(), max_tokens=min(
-                    max_tokens or task.max_tokens, task.max_tokens))
+                    cap or task.max_tokens, task.max_tokens))
             except (TaskError, TokenizerError, GenerationError) as e:
                 results.append(_fail(name, "bad_request", e.message))
                 continue

@@ -1,0 +1,498 @@
+"""The daemon's configuration: one YAML file, checked once at start-up into frozen dataclasses.
+
+Every key is declared in a small schema per section (converter, expected form, nullability);
+anything else is refused naming the dotted key, so a typo never passes silently. ``--set
+KEY=VALUE`` overrides are merged before the check and get the same key-named errors.
+
+Secrets: ``mqtt.password`` may be inline, or read from ``mqtt.password_file``. That key and
+the TLS file keys may be written ``credential:NAME``, which means ``$CREDENTIALS_DIRECTORY/NAME``
+(systemd ``LoadCredential=``). The password is kept out of ``repr`` and error messages.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import ipaddress
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rung.engines.errors import RungError
+
+CREDENTIAL = "credential:"
+
+
+class ConfigError(RungError):
+    """The configuration is unusable; the message starts with the dotted key (or the file)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The exported engine and how it runs."""
+
+    path: Path  # relative paths resolve against the config file's folder
+    threads: int = 0  # intra-op threads; 0 = the ONNX Runtime default
+    max_batch: int = 1  # requests decoded together
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """TLS to the broker; each file may be ``credential:NAME``."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure: bool = False  # skip the hostname check (test benches only)
+
+
+@dataclass(frozen=True)
+class MQTTConfig:
+    """The broker connection; ``tls`` present (even empty) means TLS on."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    base_topic: str = "rung/node1"
+    client_id: str = "rung-node1"
+    protocol: str = "5"  # "5" or "3.1.1"
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)  # resolved, never printed
+    tls: TLSConfig | None = None
+    keepalive_s: int = 30
+    session_expiry_s: int = 86400  # persistent session lifetime on the broker (v5)
+    max_payload_bytes: int = 65536
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """The bounded request queue."""
+
+    max_pending: int = 16
+    request_timeout_s: float = 300.0  # deadline of a request without MQTT message expiry
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The Prometheus endpoint: loopback only, port 0 = off."""
+
+    port: int = 0
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """Cold KV tiers: compressed in RAM, persisted under ``state_dir/kv`` (0 = off)."""
+
+    ram_mb: float = 256.0
+    disk_mb: float = 2048.0
+
+
+@dataclass(frozen=True)
+class JournalConfig:
+    """The delivery journal: how long answered request ids are kept for dedupe."""
+
+    retention_s: float = 604800.0
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Log verbosity: debug, info, warning or error (normalized to lower case)."""
+
+    level: str = "info"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole checked configuration; ``source`` is the file it came from, if any."""
+
+    engine: EngineConfig
+    mqtt: MQTTConfig
+    queue: QueueConfig
+    metrics: MetricsConfig
+    kv: KVConfig
+    journal: JournalConfig
+    log: LogConfig
+    state_dir: Path
+    tasks_dir: Path | None  # None = the built-in tasks
+    plcs: tuple[Path, ...]  # Modbus register-map files, checked to exist
+    source: Path | None
+
+
+class _Invalid(Exception):
+    def __init__(self, key: str, text: str, hint: str | None = None) -> None:
+        super().__init__(key, text, hint)
+        self.key, self.text, self.hint = key, text, hint
+
+
+class _Mismatch(Exception):
+    """Wrong type or out of range: reported as 'expected <form>, got <value>'."""
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    base_dir: Path
+    env: Mapping[str, str]
+
+
+_Conv = Callable[[Any, str, _Ctx], Any]
+
+
+@dataclass(frozen=True)
+class _Key:
+    conv: _Conv
+    expect: str
+    nullable: bool = False
+    secret: bool = False
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _parse(raw: Any, prefix: str, schema: Mapping[str, _Key], ctx: _Ctx,
+           required: Iterable[str] = ()) -> dict[str, Any]:
+    if raw is None:  # a section whose keys are all commented out
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise _Invalid(prefix, f"expected a mapping of keys, got {_show(raw)}")
+    join = (lambda name: f"{prefix}.{name}") if prefix else str
+    for name in raw:
+        if name not in schema:
+            close = difflib.get_close_matches(str(name), list(schema), n=1)
+            raise _Invalid(join(name), f"unknown key; known keys here: {', '.join(schema)}",
+                           f"did you mean {close[0]!r}?" if close else None)
+    for name in required:
+        if name not in raw:
+            raise _Invalid(join(name), f"required, expected {schema[name].expect}")
+    out: dict[str, Any] = {}
+    for name, value in raw.items():
+        spec = schema[name]
+        if value is None and spec.nullable:
+            out[name] = None
+            continue
+        try:
+            out[name] = spec.conv(value, join(name), ctx)
+        except _Mismatch:
+            got = f"a {type(value).__name__}" if spec.secret else _show(value)
+            raise _Invalid(join(name), f"expected {spec.expect}, got {got}") from None
+    return out
+
+
+def _int(lo: int, hi: int | None = None) -> _Key:
+    def conv(v: Any, key: str, ctx: _Ctx) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+            raise _Mismatch
+        return v
+    return _Key(conv, f"an integer {lo}..{hi}" if hi is not None else f"an integer >= {lo}")
+
+
+def _num(lo: float, strict: bool = False) -> _Key:
+    def conv(v: Any, key: str, ctx: _Ctx) -> float:
+        if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+                or v < lo or (strict and v == lo)):
+            raise _Mismatch
+        return float(v)
+    return _Key(conv, f"a number {'>' if strict else '>='} {lo:g}")
+
+
+def _str(ok: Callable[[str], bool] = bool, expect: str = "a non-empty string",
+         nullable: bool = False, secret: bool = False) -> _Key:
+    def conv(v: Any, key: str, ctx: _Ctx) -> str:
+        if not isinstance(v, str) or not ok(v):
+            raise _Mismatch
+        return v
+    return _Key(conv, expect, nullable, secret)
+
+
+def _choice(*options: str) -> _Key:
+    # YAML reads `protocol: 5` as an int and `level: INFO` in capitals: both normalize
+    def conv(v: Any, key: str, ctx: _Ctx) -> str:
+        text = str(v).lower() if isinstance(v, str | int) and not isinstance(v, bool) else None
+        if text not in options:
+            raise _Mismatch
+        return text
+    return _Key(conv, f"one of {', '.join(options)}")
+
+
+def _bool(v: Any, key: str, ctx: _Ctx) -> bool:
+    if not isinstance(v, bool):
+        raise _Mismatch
+    return v
+
+
+def _path(must: str | None = None, credential: bool = False, nullable: bool = False,
+          expect: str = "a path") -> _Key:
+    def conv(v: Any, key: str, ctx: _Ctx) -> Path:
+        if not isinstance(v, str) or not v:
+            raise _Mismatch
+        if v.startswith(CREDENTIAL):
+            name = v[len(CREDENTIAL):]
+            if not credential:
+                raise _Invalid(key, f"{CREDENTIAL}NAME is only for mqtt.password_file and "
+                                    "the mqtt.tls files")
+            if not name or "/" in name or name in (".", ".."):
+                raise _Invalid(key, f"{v!r} does not name a credential")
+            if not ctx.env.get("CREDENTIALS_DIRECTORY"):
+                raise _Invalid(key, f"{v!r} needs systemd's LoadCredential= "
+                                    "(CREDENTIALS_DIRECTORY is not set)",
+                               f"add LoadCredential={name}:/path/to/file to the unit, "
+                               "or set CREDENTIALS_DIRECTORY")
+            path = Path(ctx.env["CREDENTIALS_DIRECTORY"]) / name
+        else:
+            path = ctx.base_dir / v
+        if must == "file" and not path.is_file():
+            raise _Invalid(key, f"{path} is not an existing file")
+        if must == "dir" and not path.is_dir():
+            raise _Invalid(key, f"{path} is not an existing directory")
+        if must == "no_file" and path.exists() and not path.is_dir():
+            raise _Invalid(key, f"{path} exists and is not a directory")
+        return path
+    return _Key(conv, expect, nullable)
+
+
+def _plcs(v: Any, key: str, ctx: _Ctx) -> tuple[Path, ...]:
+    if v is None:  # `plcs:` with every entry commented out
+        return ()
+    if not isinstance(v, list):
+        raise _Mismatch
+    file, out = _path("file"), []
+    for i, item in enumerate(v):
+        try:
+            out.append(file.conv(item, f"{key}[{i}]", ctx))
+        except _Mismatch:
+            raise _Invalid(f"{key}[{i}]", f"expected a path, got {_show(item)}") from None
+    return tuple(out)
+
+
+def _section(cls: type[Any], schema: Mapping[str, _Key], nullable: bool = False,
+             check: Callable[[dict[str, Any], str, _Ctx], None] | None = None) -> _Key:
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+    def conv(v: Any, key: str, ctx: _Ctx) -> Any:
+        values = _parse(v, key, schema, ctx, required)
+        if check:
+            check(values, key, ctx)
+        return cls(**values)
+    return _Key(conv, "a mapping", nullable)
+
+
+def _check_tls(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+    if values.get("key_file") and not values.get("cert_file"):
+        raise _Invalid(f"{key}.key_file", f"needs {key}.cert_file as well")
+
+
+def _check_mqtt(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+    pw_file = values.pop("password_file", None)
+    if pw_file is not None:
+        if values.get("password") is not None:
+            raise _Invalid(f"{key}.password_file",
+                           f"give either {key}.password or {key}.password_file, not both")
+        try:
+            text = pw_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise _Invalid(f"{key}.password_file", f"cannot read {pw_file} "
+                           f"({getattr(e, 'strerror', None) or type(e).__name__})") from None
+        values["password"] = text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
+        if not values["password"]:
+            raise _Invalid(f"{key}.password_file", f"{pw_file} is empty")
+    if (values.get("password") is not None and values.get("username") is None
+            and values.get("protocol") == "3.1.1"):
+        raise _Invalid(f"{key}.password", "MQTT 3.1.1 sends a password only with a username",
+                       f"set {key}.username or use protocol 5")
+    lo = values.get("reconnect_min_s", MQTTConfig.reconnect_min_s)
+    if values.get("reconnect_max_s", MQTTConfig.reconnect_max_s) < lo:
+        raise _Invalid(f"{key}.reconnect_max_s", f"must be >= {key}.reconnect_min_s ({lo:g})")
+
+
+def _check_metrics(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+    host = values.get("host", "127.0.0.1")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise _Invalid(f"{key}.host", f"{host!r} is not a loopback address",
+                       "the endpoint has no authentication: keep it on 127.0.0.1 and let a "
+                       "local agent or an SSH tunnel scrape it")
+
+
+def _topic_ok(t: str) -> bool:
+    return bool(t) and not set(t) & {"+", "#", "\0"} and not t.startswith("/") \
+        and not t.endswith("/")
+
+
+_TLS = {"ca_file": _path("file", credential=True, nullable=True),
+        "cert_file": _path("file", credential=True, nullable=True),
+        "key_file": _path("file", credential=True, nullable=True),
+        "insecure": _Key(_bool, "true or false")}
+
+_MQTT = {
+    "host": _str(),
+    "port": _int(1, 65535),
+    "base_topic": _str(_topic_ok, "a topic without wildcards (+ #) or leading/trailing '/'"),
+    "client_id": _str(lambda s: 0 < len(s.encode()) <= 65535, "a non-empty string"),
+    "protocol": _choice("5", "3.1.1"),
+    "username": _str(nullable=True),
+    "password": _str(lambda s: True, "a string", nullable=True, secret=True),
+    "password_file": _path(credential=True, nullable=True),
+    "tls": _section(TLSConfig, _TLS, nullable=True, check=_check_tls),
+    "keepalive_s": _int(0, 65535),
+    "session_expiry_s": _int(0, 2**32 - 1),
+    "max_payload_bytes": _int(1, 268435455),  # the MQTT maximum packet size
+    "reconnect_min_s": _num(0, strict=True),
+    "reconnect_max_s": _num(0, strict=True),
+}
+
+_TOP = {
+    "engine": _section(EngineConfig, {"path": _path(expect="the exported engine directory"),
+                                      "threads": _int(0), "max_batch": _int(1)}),
+    "mqtt": _section(MQTTConfig, _MQTT, check=_check_mqtt),
+    "queue": _section(QueueConfig, {"max_pending": _int(1),
+                                    "request_timeout_s": _num(0, strict=True)}),
+    "metrics": _section(MetricsConfig, {"port": _int(0, 65535), "host": _str()},
+                        check=_check_metrics),
+    "kv": _section(KVConfig, {"ram_mb": _num(0), "disk_mb": _num(0)}),
+    "journal": _section(JournalConfig, {"retention_s": _num(0, strict=True)}),
+    "log": _section(LogConfig, {"level": _choice("debug", "info", "warning", "error")}),
+    "state_dir": _path("no_file", expect="a directory path"),
+    "tasks_dir": _path("dir", nullable=True),
+    "plcs": _Key(_plcs, "a list of register-map file paths"),
+}
+_TOP_DEFAULTS: dict[str, Any] = {"engine": {}, "mqtt": {}, "queue": {}, "metrics": {}, "kv": {},
+                                 "journal": {}, "log": {}, "state_dir": "/var/lib/rung",
+                                 "tasks_dir": None, "plcs": []}
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one ``--set KEY=VALUE`` to raw config data in place.
+
+    ``KEY`` is dotted (``mqtt.port``); missing intermediate sections are created. ``VALUE``
+    is parsed as YAML, so ``1884`` is an int and ``[a.yaml]`` a list.
+
+    Raises:
+        ConfigError: ``item`` is not ``KEY=VALUE``, the value is not YAML, or a key on the
+            way is not a mapping.
+    """
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not sep or not all(parts):
+        raise ConfigError(f"--set {key or item}: expected KEY=VALUE with a dotted KEY",
+                          "e.g. --set mqtt.port=1884")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:  # the message would quote the value, which may be a secret
+        raise ConfigError(f"--set {key}: the value is not valid YAML",
+                          "quote it, e.g. --set 'mqtt.host=\"a:b\"'") from None
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        if node.get(part) is None:
+            node[part] = {}
+        if not isinstance(node[part], dict):
+            raise ConfigError(f"--set {key}: {'.'.join(parts[:i + 1])} is not a mapping")
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def parse_config(data: Mapping[str, Any], base_dir: Path, overrides: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None, source: Path | None = None) -> Config:
+    """Check raw config data (``--set`` overrides applied first) into a :class:`Config`.
+
+    Relative paths resolve against ``base_dir``; ``credential:NAME`` against
+    ``env["CREDENTIALS_DIRECTORY"]`` (``env`` defaults to ``os.environ``).
+
+    Raises:
+        ConfigError: the first invalid key, named in dotted form.
+    """
+    raw: dict[str, Any] = copy.deepcopy(dict(data))
+    for item in overrides:
+        apply_override(raw, item)
+    overridden = [item.partition("=")[0].strip() for item in overrides]
+    ctx = _Ctx(Path(base_dir).absolute(), os.environ if env is None else env)
+    try:
+        values = _parse({**_TOP_DEFAULTS, **raw}, "", _TOP, ctx)
+    except _Invalid as e:
+        from_set = any(e.key == k or e.key.startswith((f"{k}.", f"{k}[")) for k in overridden)
+        where = "--set" if from_set else source
+        raise ConfigError(f"{e.key}: {e.text}" + (f" [{where}]" if where else ""),
+                          e.hint) from None
+    return Config(**values, source=source)
+
+
+# A key given twice in one mapping would otherwise let the later one win silently
+_Loader: Any = type("_Loader", (yaml.SafeLoader,), {})
+
+
+def _unique_keys(loader: Any, node: Any) -> Any:
+    seen: set[tuple[str, str]] = set()
+    for key_node, _ in node.value:
+        if isinstance(key_node, yaml.ScalarNode):
+            if (key_node.tag, key_node.value) in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key_node.value!r} given twice", key_node.start_mark)
+            seen.add((key_node.tag, key_node.value))
+    return loader.construct_mapping(node)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys)
+
+
+def load_config(path: Path | None, overrides: Sequence[str] = (),
+                env: Mapping[str, str] | None = None) -> Config:
+    """Read and check the config file at ``path`` (``None``: built-in defaults only).
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not YAML, not a mapping, or a key is
+            invalid.
+    """
+    if path is None:
+        return parse_config({}, Path.cwd(), overrides, env)
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file",
+                          "pass --config with the path of rung.yaml") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read "
+                          f"({getattr(e, 'strerror', None) or type(e).__name__})") from None
+    try:
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader underneath
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: invalid YAML{where}: {e.problem}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML ({e})".replace("\n", " ")) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, "
+                          f"got a {type(data).__name__}")
+    return parse_config(data, path.absolute().parent, overrides, env, source=path)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return str(value) if isinstance(value, Path) else value
+
+
+def redacted(cfg: Config) -> dict[str, Any]:
+    """The config as JSON-able data, secrets shown as ``"***"`` (for ``rung check`` and logs)."""
+    out: dict[str, Any] = _plain(dataclasses.asdict(cfg))
+    if out["mqtt"]["password"] is not None:
+        out["mqtt"]["password"] = "***"
+    return out

@@ -1,0 +1,288 @@
+"""``rung serve``: config -> engine -> journal -> scheduler + MQTT link, under systemd.
+
+Start-up: load and check everything (config, tasks, engine, grammars, journal), warm the
+task prompt prefixes, re-queue requests the journal holds from before a restart, connect,
+and only then tell systemd ``READY=1``. The watchdog pings from the event loop after
+checking the scheduler. ``SIGTERM``/``SIGINT``: stop taking messages (unacknowledged ones
+come back from the broker after the restart), finish the batch in progress (queued
+requests stay pending in the journal), publish every recorded answer, say offline, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import replace
+from typing import Any
+
+from rung.daemon import requests as rq
+from rung.daemon.config import Config
+from rung.daemon.journal import Entry, Incoming, Journal, JournalError
+from rung.daemon.metrics import Metrics
+from rung.daemon.mqtt import MQTTLink
+from rung.daemon.scheduler import Answer, Scheduler
+from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
+from rung.daemon.task_runner import TaskRunner
+
+log = logging.getLogger("rung.serve")
+VERSION = "0.1.0"
+
+
+def build_runner(cfg: Config) -> TaskRunner:
+    """Engine, tokenizer, tasks (grammars compiled) and the prefix cache of a config."""
+    from rung.daemon.tasks import load_tasks
+    from rung.engines import load_engine
+    from rung.engines.kv_store import ColdStore
+    from rung.engines.onnx_engine import EngineOptions
+    from rung.engines.prefix_cache import PrefixCache
+    from rung.engines.tokenizer import Tokenizer
+
+    engine = load_engine(cfg.engine.path, "onnx", EngineOptions(threads=cfg.engine.threads))
+    m = engine.manifest
+    tok = Tokenizer.load(cfg.engine.path, m.tokenizer)
+    store = ColdStore(m.engine_id, int(cfg.kv.ram_mb * 2**20),
+                      state_dir=cfg.state_dir if cfg.kv.disk_mb > 0 else None,
+                      disk_budget_bytes=int(cfg.kv.disk_mb * 2**20))
+    return TaskRunner(engine, tok, load_tasks(cfg.tasks_dir), cfg.engine.path,
+                      prefix=PrefixCache(store, m.engine_id))
+
+
+class Service:
+    """The running daemon: owns the journal, the scheduler and the MQTT link."""
+
+    def __init__(self, cfg: Config, runner: TaskRunner, metrics: Metrics | None = None,
+                 notifier: Notifier | None = None) -> None:
+        self.cfg, self.runner = cfg, runner
+        self.metrics = metrics or Metrics()
+        self.notifier = notifier or Notifier()
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        self.journal = Journal(cfg.state_dir / "journal.db", cfg.journal.retention_s)
+        self.scheduler = Scheduler(runner, self._answer, cfg.queue.max_pending,
+                                   cfg.engine.max_batch,
+                                   stuck_after_s=max(120.0, 2 * cfg.queue.request_timeout_s))
+        self.link = MQTTLink(cfg.mqtt, self._on_message, self._birth, self._wake_outbox,
+                             self.metrics)
+        self.started = time.time()
+        self._outbox_wake = asyncio.Event()
+        self._outbox_idle = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._link_task: asyncio.Task[None] | None = None
+        m = runner.engine.manifest
+        self.metrics.set_info(version=VERSION, engine=m.engine_id, kv_dtype=m.kv.dtype)
+
+    # -- intake --------------------------------------------------------------------------
+
+    def _on_message(self, msg: Incoming) -> bool:
+        """Record, then route; True once the message is durable (the link acknowledges)."""
+        limit = self.cfg.mqtt.max_payload_bytes
+        msg = replace(msg, claimed_id=rq.claimed_id(msg.payload, limit))
+        try:
+            entry = self.journal.record(msg)
+        except JournalError as e:
+            log.error("%s", e)
+            return False
+        if entry is None:
+            self.metrics.observe_request(None, "duplicate")
+            return True
+        self._route(entry)
+        return True
+
+    def _route(self, entry: Entry, recovered: bool = False) -> None:
+        req = rq.parse(entry, self.cfg.mqtt.base_topic, self.cfg.mqtt.client_id,
+                       self.runner.tasks, self.cfg.mqtt.max_payload_bytes,
+                       self.cfg.queue.request_timeout_s)
+        if isinstance(req, rq.Failure):
+            self._publish_answer(req.seq, req.reply, req.task, req.code, req.message,
+                                 entry.received)
+            self.metrics.observe_request(req.task if req.task in self.runner.tasks else None,
+                                         req.code, total_s=time.time() - entry.received)
+        elif not self.scheduler.submit(req, recovered):
+            self._answer(Answer(req, False, "busy", f"queue full ({self.cfg.queue.max_pending} "
+                                "pending); retry later"))
+        self.metrics.set_queue(self.scheduler.depth, self.scheduler.inflight)
+
+    # -- answers -------------------------------------------------------------------------
+
+    def _answer(self, a: Answer) -> None:
+        req = a.request
+        if a.ok:
+            usage = {k: a.usage.get(k) for k in ("prompt_tokens", "completion_tokens",
+                                                 "cached_tokens", "ttft_ms")}
+            usage["total_ms"] = round((time.time() - req.received) * 1000, 1)
+            payload = rq.ok_response(req.reply, req.task, a.output, a.validation, usage)
+            self._record(req.seq, req.reply, payload)
+            log.info("answered", extra={"rung_fields": {
+                "seq": req.seq, "task": req.task, "ok": True, **usage}})
+        else:
+            self._publish_answer(req.seq, req.reply, req.task, a.code or "internal",
+                                 a.message, req.received)
+        u = a.usage
+        ttft = u.get("ttft_ms")
+        self.metrics.observe_request(
+            req.task, "ok" if a.ok else (a.code or "internal"),
+            total_s=time.time() - req.received,
+            ttft_s=ttft / 1000 if isinstance(ttft, int | float) else None,
+            decode_tok_s=u.get("decode_tok_s") or None,
+            prompt_tokens=u.get("prompt_tokens") or 0,
+            completion_tokens=u.get("completion_tokens") or 0,
+            cached_tokens=u.get("cached_tokens") or 0, ffn_skip_ratio=u.get("ffn_skip_ratio"))
+        self.metrics.set_queue(self.scheduler.depth, self.scheduler.inflight)
+        if self.runner.prefix is not None:
+            self.metrics.set_kv(self.runner.prefix.store.stats())
+
+    def _publish_answer(self, seq: int, reply: rq.Address, task: str | None, code: str,
+                        message: str, received: float) -> None:
+        self._record(seq, reply, rq.error_response(reply, task, code, message))
+        log.info("answered", extra={"rung_fields": {
+            "seq": seq, "task": task, "ok": False, "code": code, "error": message,
+            "ms": round((time.time() - received) * 1000, 1)}})
+
+    def _record(self, seq: int, reply: rq.Address, payload: bytes) -> None:
+        try:
+            self.journal.answer(seq, reply.topic, payload)
+        except JournalError as e:   # the answer still goes out; a restart may repeat it
+            log.error("%s", e)
+        self._wake_outbox()
+
+    def _wake_outbox(self) -> None:
+        self._outbox_idle.clear()
+        self._outbox_wake.set()
+
+    async def _outbox(self) -> None:
+        """Publish recorded answers in order; after a reconnect, what is left over."""
+        while True:
+            await self._outbox_wake.wait()
+            self._outbox_wake.clear()
+            for e in self.journal.undelivered():
+                if e.reply_topic is None or e.response is None:
+                    continue
+                if not await self.link.publish(e.reply_topic, e.response,
+                                               correlation=e.correlation):
+                    break   # disconnected: the next connection wakes us
+                self.journal.delivered(e.seq)
+            else:
+                if not self._outbox_wake.is_set():
+                    self._outbox_idle.set()
+            self.metrics.set_journal_pending(len(self.journal.pending()))
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def _birth(self) -> dict[str, Any]:
+        m = self.runner.engine.manifest
+        return {"online": True, "client_id": self.cfg.mqtt.client_id, "version": VERSION,
+                "engine": m.engine_id, "model": m.dims.hf_architecture,
+                "tasks": sorted(self.runner.tasks), "since": _iso(self.started),
+                "request_topic": f"{self.cfg.mqtt.base_topic}/req/{{task}}"}
+
+    def recover(self) -> int:
+        """Re-queue requests recorded before a restart; answers left unpublished go out
+        once connected. Returns the requests re-queued."""
+        pending = self.journal.pending()
+        for e in pending:
+            self._route(e, recovered=True)
+        if pending:
+            log.info("recovered %d requests from the journal", len(pending))
+        return len(pending)
+
+    def liveness(self) -> str | None:
+        return self.scheduler.liveness()
+
+    def status_line(self) -> str:
+        return (f"serving {len(self.runner.tasks)} tasks; queue {self.scheduler.depth}/"
+                f"{self.cfg.queue.max_pending}, in flight {self.scheduler.inflight}; broker "
+                f"{'connected' if self.link.connected else 'disconnected'}")
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        self.notifier.status("warming task prompts")
+        pinned = await loop.run_in_executor(None, self.runner.warm)
+        log.info("task prompts pinned in the KV cache", extra={"rung_fields": pinned})
+        self.journal.prune()
+        self.recover()
+        self._link_task = loop.create_task(self.link.run(), name="mqtt")
+        tasks = [self.scheduler.start(), loop.create_task(self._outbox(), name="outbox"),
+                 self._link_task]
+        if self.cfg.metrics.port:
+            self.metrics.serve(self.cfg.metrics.port, self.cfg.metrics.host)
+        self._wake_outbox()
+        self.notifier.status("connecting to the broker")
+        while not self.link.connected and not self._stopping.is_set():
+            await asyncio.sleep(0.05)
+        if self.link.connected:
+            self.notifier.ready(self.status_line())
+            log.info("ready", extra={"rung_fields": {"status": self.status_line()}})
+        interval = watchdog_interval()
+        if interval:
+            tasks.append(loop.create_task(watchdog_loop(self.notifier, interval,
+                                                        self.liveness)))
+        status = loop.create_task(self._status_loop())
+        await self._stopping.wait()
+        status.cancel()   # the stopping status must stay visible
+        await self.shutdown()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return 0
+
+    async def _status_loop(self) -> None:
+        was_connected = self.link.connected
+        while True:
+            await asyncio.sleep(5)
+            if self.link.connected and not was_connected:
+                self.notifier.ready(self.status_line())   # READY again after an outage
+            was_connected = self.link.connected
+            self.notifier.status(self.status_line())
+
+    async def shutdown(self, grace_s: float = 40.0) -> None:
+        """Stop intake, finish the batch in progress, publish answers, say offline."""
+        self.notifier.stopping("stopping: finishing the request in progress")
+        log.info("stopping")
+        self.link.accepting = False
+        left = await self.scheduler.stop(grace_s)
+        if self.link.connected:
+            self._wake_outbox()
+            try:
+                await asyncio.wait_for(self._outbox_idle.wait(), 5)
+            except TimeoutError:
+                log.warning("answers still unpublished at shutdown: sent after the restart")
+        self.link.stop()
+        if self._link_task is not None:
+            try:   # the link says offline and disconnects
+                await asyncio.wait_for(asyncio.shield(self._link_task), 5)
+            except TimeoutError:
+                log.warning("broker link did not close in 5 s")
+        self.journal.close()
+        self.metrics.close()
+        log.info("stopped", extra={"rung_fields": {"queued_for_restart": left}})
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def serve(cfg: Config) -> int:
+    """Run the daemon until SIGTERM; 0 on a clean stop."""
+    from rung.daemon.logs import setup_logging
+
+    setup_logging(cfg.log.level)
+    notifier = Notifier()
+    notifier.status("loading engine")
+    t0 = time.perf_counter()
+    runner = build_runner(cfg)
+    log.info("engine loaded", extra={"rung_fields": {
+        "engine": str(cfg.engine.path), "ms": round((time.perf_counter() - t0) * 1000),
+        "tasks": sorted(runner.tasks)}})
+
+    async def main() -> int:
+        service = Service(cfg, runner, notifier=notifier)
+        try:
+            return await service.run()
+        finally:
+            await asyncio.sleep(0)
+
+    return asyncio.run(main())
+

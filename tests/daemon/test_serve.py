@@ -1,0 +1,300 @@
+"""``rung serve`` end to end: a real mosquitto on a free loopback port, the daemon as a
+child process on the shipped demo model, requests from a paho client."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from rung.daemon.tasks import load_tasks
+from tests.daemon.harness import BASE, Broker, Daemon, Requester, retained_status, write_config
+
+pytestmark = pytest.mark.integration
+
+ST_INPUT = {"description": "Write a program for tank level control: switch the fill pump on "
+            "at 1.4 m and off at 3.4 m (hysteresis), high-level alarm at 3.8 m.",
+            "name": "P_TankLevel", "pou_type": "PROGRAM"}
+DIAG_INPUT = {"asset": "Closed cooling loop 10 with dry cooler",
+              "description": "Routine round, values read from the HMI.",
+              "points": [{"name": "q_flow", "value": 36.1, "unit": "m3/h",
+                          "limits": {"low_alert": 28.0, "low_alarm": 22.0}},
+                         {"name": "expansion_tank_level", "value": 64.0, "unit": "%",
+                          "limits": {"low_alert": 40, "low_alarm": 25}},
+                         {"name": "current", "value": 20.3, "unit": "A",
+                          "limits": {"alert": 25.0, "alarm": 28.0}},
+                         {"name": "ambient_temp", "value": 23.7, "unit": "degC"},
+                         {"name": "motor_running", "value": True}]}
+SHORT = {"input": ST_INPUT, "max_tokens": 3}   # answered quickly: "truncated"
+
+
+@pytest.fixture(scope="module")
+def edge_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rung.export.exporter import ExportOptions, export
+
+    out = tmp_path_factory.mktemp("edge-engine")
+    export(Path(__file__).resolve().parents[2] / "models" / "edge-tiny", out,
+           ExportOptions(ffn_skip="trained"))
+    return out
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path / "broker")
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory,
+           edge_engine: Path) -> Iterator[tuple[Broker, Daemon]]:
+    """One broker and daemon shared by the request/response tests of this module."""
+    root = tmp_path_factory.mktemp("served")
+    b = Broker(root / "broker")
+    b.start()
+    d = Daemon(write_config(root, edge_engine, b.port,
+                            mqtt={"max_payload_bytes": 16384}))
+    d.start()
+    yield b, d
+    d.stop()
+    b.stop()
+
+
+def by_id(replies: list[Any]) -> dict[str, list[Any]]:
+    out = collections.defaultdict(list)
+    for r in replies:
+        out[r.body.get("id")].append(r)
+    return out
+
+
+def schema_ok(task: str, body: dict[str, Any]) -> None:
+    assert body["ok"], body
+    jsonschema.validate(body["output"], load_tasks()[task].output_schema)
+    assert set(body["usage"]) >= {"prompt_tokens", "completion_tokens", "cached_tokens",
+                                  "ttft_ms", "total_ms"}
+
+
+def test_v5_request_response(served: tuple[Broker, Daemon]) -> None:
+    broker, _ = served
+    req = Requester(broker.port, v5=True)
+    try:
+        req.send("st_code", {"input": ST_INPUT}, correlation="corr-1",
+                 response_topic=req.reply_topic)
+        (reply,) = req.wait(1, 120)
+    finally:
+        req.close()
+    assert reply.topic == req.reply_topic and reply.correlation == b"corr-1"
+    assert reply.body["id"] == "corr-1" and reply.body["task"] == "st_code"
+    schema_ok("st_code", reply.body)
+    assert reply.body["validation"]["schema"]["ok"] is True
+    status = retained_status(broker.port)
+    assert status is not None and status["online"] is True
+    assert "st_code" in status["tasks"]
+
+
+def test_v311_request_response(served: tuple[Broker, Daemon]) -> None:
+    broker, _ = served
+    req = Requester(broker.port, v5=False)
+    try:
+        req.send("diagnosis", {"input": DIAG_INPUT, "id": "v3-a", "reply_to": req.reply_topic})
+        req.send("st_code", {**SHORT, "id": "v3-b", "client": "hmi7"})
+        replies = by_id(req.wait(2, 120))
+    finally:
+        req.close()
+    (a,), (b,) = replies["v3-a"], replies["v3-b"]
+    assert a.topic == req.reply_topic
+    schema_ok("diagnosis", a.body)
+    assert b.topic == f"{BASE}/res/hmi7"          # the default reply topic
+    assert b.body["error"]["code"] == "truncated"
+
+
+BAD: list[tuple[str, str, Any, str]] = [
+    # (name, task topic, payload (bytes or JSON), expected code)
+    ("not_json", "st_code", b"{input: 1", "bad_json"),
+    ("bad_utf8", "st_code", b'{"input": "\xff\xfe"}', "bad_json"),
+    ("empty", "st_code", b"", "bad_json"),
+    ("array", "st_code", [1, 2], "bad_request"),
+    ("string", "st_code", "hello", "bad_request"),
+    ("no_input", "st_code", {"max_tokens": 5}, "bad_request"),
+    ("input_list", "st_code", {"input": [ST_INPUT]}, "bad_request"),
+    ("unknown_field", "st_code", {"input": ST_INPUT, "prompt": "x"}, "bad_request"),
+    ("max_tokens_str", "st_code", {"input": ST_INPUT, "max_tokens": "5"}, "bad_request"),
+    ("max_tokens_zero", "st_code", {"input": ST_INPUT, "max_tokens": 0}, "bad_request"),
+    ("temperature_neg", "st_code", {"input": ST_INPUT, "temperature": -1}, "bad_request"),
+    ("seed_float", "st_code", {"input": ST_INPUT, "seed": 1.5}, "bad_request"),
+    ("reply_wildcard", "st_code", {"input": ST_INPUT, "reply_to": "a/#"}, "bad_request"),
+    ("reply_missing", "st_code", {"input": ST_INPUT, "reply_to": ""}, "bad_request"),
+    ("schema_violation", "st_code", {"input": {"description": 42}}, "bad_request"),
+    ("missing_required", "diagnosis", {"input": {"asset": "pump"}}, "bad_request"),
+    ("unknown_task", "no_such_task", {"input": {}}, "unknown_task"),
+    ("nested_topic", "st_code/extra", {"input": ST_INPUT}, "unknown_task"),
+    ("oversized", "st_code", {"input": {"description": "x" * 20000}}, "too_large"),
+    ("prompt_too_long", "diagnosis",
+     {"input": {"asset": "pump", "points": [{"name": f"bearing_temperature_sensor_{i}",
+                                             "value": i, "unit": "degC"}
+                                            for i in range(100)]}}, "too_long"),
+]
+
+
+def test_malformed_requests_get_the_right_error(served: tuple[Broker, Daemon]) -> None:
+    broker, daemon = served
+    req = Requester(broker.port, v5=True)
+    try:
+        for name, task, body, _ in BAD:
+            payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+            req.send(task, payload, correlation=name, response_topic=req.reply_topic)
+        replies = by_id(req.wait(len(BAD), 120))
+        for name, _, _, code in BAD:
+            assert len(replies[name]) == 1, name
+            body = replies[name][0].body
+            assert body["ok"] is False and body["error"]["code"] == code, (name, body)
+            assert body["error"]["message"]
+        # still serving
+        req.send("st_code", {"input": ST_INPUT}, correlation="after",
+                 response_topic=req.reply_topic)
+        after = by_id(req.wait(len(BAD) + 1, 120))["after"]
+    finally:
+        req.close()
+    schema_ok("st_code", after[0].body)
+    assert daemon.proc is not None and daemon.proc.poll() is None
+
+
+def test_message_expiry_is_honoured(served: tuple[Broker, Daemon]) -> None:
+    broker, _ = served
+    req = Requester(broker.port, v5=True)
+    try:
+        for i in range(3):  # about a second of work each, ahead of the expiring one
+            req.send("st_code", {"input": ST_INPUT}, correlation=f"block-{i}",
+                     response_topic=req.reply_topic)
+        req.send("st_code", SHORT, correlation="late", response_topic=req.reply_topic,
+                 expiry=1)
+        replies = by_id(req.wait(4, 120))
+    finally:
+        req.close()
+    assert replies["late"][0].body["error"]["code"] == "expired"
+
+
+def test_duplicates_are_answered_once_even_after_restart(served: tuple[Broker, Daemon]) -> None:
+    broker, daemon = served
+    req = Requester(broker.port, v5=False)
+    body = {**SHORT, "id": "dup-1", "reply_to": req.reply_topic}
+    try:
+        req.send("st_code", body)
+        req.wait(1, 60)
+        req.send("st_code", body)               # a redelivery: same id, same payload
+        daemon.terminate()
+        daemon.start()
+        req.send("st_code", body)               # again, to the restarted daemon
+        req.send("st_code", {**body, "id": "dup-2"})
+        replies = by_id(req.wait_settled(2, 60, settle=1.5))
+    finally:
+        req.close()
+    assert len(replies["dup-1"]) == 1 and len(replies["dup-2"]) == 1
+
+
+def test_burst_against_a_small_queue(broker: Broker, edge_engine: Path, tmp_path: Path) -> None:
+    daemon = Daemon(write_config(tmp_path, edge_engine, broker.port,
+                                 queue={"max_pending": 2}))
+    daemon.start()
+    req = Requester(broker.port, v5=True)
+    try:
+        for i in range(200):
+            req.send("st_code", SHORT, correlation=f"b{i}", response_topic=req.reply_topic)
+        replies = by_id(req.wait_settled(200, 180, settle=1.0))
+    finally:
+        req.close()
+        daemon.stop()
+    assert sorted(replies) == sorted(f"b{i}" for i in range(200))
+    assert all(len(v) == 1 for v in replies.values())
+    codes = collections.Counter(v[0].body["error"]["code"] for v in replies.values())
+    assert set(codes) <= {"truncated", "busy"} and codes["busy"] > 0 and codes["truncated"] > 0
+
+
+def test_broker_restart_while_requests_are_queued(broker: Broker, edge_engine: Path,
+                                                  tmp_path: Path) -> None:
+    daemon = Daemon(write_config(tmp_path, edge_engine, broker.port))
+    daemon.start()
+    req = Requester(broker.port, v5=True, persistent=True, client_id="req-restart")
+    try:
+        for i in range(5):
+            req.send("st_code", {"input": ST_INPUT}, correlation=f"r{i}",
+                     response_topic=req.reply_topic)
+        time.sleep(0.5)   # recorded and queued, the first one generating
+        broker.stop()
+        time.sleep(1.0)
+        broker.start()
+        replies = by_id(req.wait_settled(5, 180, settle=1.0))
+    finally:
+        req.close()
+        daemon.stop()
+    assert sum(str(r.get("msg")).startswith("connected to") for r in daemon.lines()) == 2
+    assert sorted(replies) == [f"r{i}" for i in range(5)]
+    assert all(len(v) == 1 for v in replies.values())
+    for v in replies.values():
+        schema_ok("st_code", v[0].body)
+
+
+def test_kill9_with_requests_in_flight(broker: Broker, edge_engine: Path,
+                                       tmp_path: Path) -> None:
+    config = write_config(tmp_path, edge_engine, broker.port)
+    daemon = Daemon(config)
+    daemon.start()
+    req = Requester(broker.port, v5=True, persistent=True, client_id="req-kill9")
+    try:
+        for i in range(6):
+            req.send("st_code", {"input": ST_INPUT}, correlation=f"k{i}",
+                     response_topic=req.reply_topic)
+        req.wait(1, 60)
+        daemon.kill9()
+        early = len(req.settle(0.2))
+        for i in range(6, 9):   # published while rung is down: the session keeps them
+            req.send("st_code", SHORT, correlation=f"k{i}", response_topic=req.reply_topic)
+        daemon.start()
+        replies = by_id(req.wait_settled(9, 180, settle=1.5))
+    finally:
+        req.close()
+        daemon.stop()
+    assert early < 6
+    assert sorted(replies) == sorted(f"k{i}" for i in range(9))
+    assert all(len(v) == 1 for v in replies.values()), {k: len(v) for k, v in replies.items()}
+    assert any(str(r.get("msg")).startswith("recovered") for r in daemon.lines())
+
+
+def test_systemd_notify_and_sigterm(broker: Broker, edge_engine: Path,
+                                    tmp_path: Path) -> None:
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(0.2)
+    daemon = Daemon(write_config(tmp_path, edge_engine, broker.port),
+                    env={"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "400000"})
+    got: list[str] = []
+
+    def drain(until: float) -> None:
+        while time.monotonic() < until:
+            with contextlib.suppress(TimeoutError):
+                got.extend(sock.recv(4096).decode().splitlines())
+
+    try:
+        daemon.start()
+        drain(time.monotonic() + 1.5)
+        assert "READY=1" in got
+        assert any(x.startswith("STATUS=serving") for x in got)
+        assert got.count("WATCHDOG=1") >= 2
+        assert daemon.terminate(60) == 0
+        drain(time.monotonic() + 0.3)
+        assert "STOPPING=1" in got
+    finally:
+        daemon.stop()
+        sock.close()
+    status = retained_status(broker.port)
+    assert status is not None and status["online"] is False
