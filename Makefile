@@ -5,7 +5,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: test demo lint typecheck unit bench clean
+.PHONY: test demo lint typecheck unit bench clean system-deps
+
+# Debian packages the tests and the demo run for real: a private mosquitto (never the
+# system service) and systemd-analyze for the unit file check.
+SYSTEM_DEPS := mosquitto:mosquitto systemd-analyze:systemd
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +27,18 @@ $(VENV)/.bench: pyproject.toml | $(PY)
 	$(PIP) install -q -e '.[bench]'
 	touch $@ $(VENV)/.dev $(VENV)/.export
 
+system-deps:
+	@missing=""; for dep in $(SYSTEM_DEPS); do \
+	  bin=$${dep%%:*}; pkg=$${dep##*:}; \
+	  command -v $$bin >/dev/null 2>&1 || [ -x /usr/sbin/$$bin ] || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi; \
+	  $$sudo apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing; \
+	fi
+
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 
@@ -31,12 +47,12 @@ typecheck: $(VENV)/.dev
 	for d in engines daemon export; do ln -sfn ../../$$d .typecheck/rung/$$d; done
 	$(VENV)/bin/mypy
 
-unit: $(VENV)/.dev
+unit: $(VENV)/.dev system-deps
 	$(PY) -m pytest -q
 
 test: lint typecheck unit
 
-demo: $(VENV)/.export
+demo: $(VENV)/.export system-deps
 	$(VENV)/bin/rung demo
 
 bench: $(VENV)/.bench

@@ -1,17 +1,24 @@
 """``rung demo``: the main job on embedded defaults, on this machine.
 
 Exports the shipped demo model (``models/edge-tiny``, trained by rung; FFN gates as
-trained) once into the cache directory, then answers one request of each built-in task
-with it: a Structured Text POU (rendered, parsed, identifiers checked), a fault tree (cut
-sets and top-event probability) and a diagnosis. Without the shipped model (an install
+trained) once into the cache directory, starts a private mosquitto on a free loopback port
+and ``rung serve`` on it, and sends held-out requests of each built-in task over MQTT: a
+Structured Text POU (rendered, parsed, identifiers checked), a fault tree (cut sets and
+top-event probability) and a diagnosis. It prints the validated replies and the daemon's
+metrics, then stops the daemon with SIGTERM and the broker. Without the shipped model (an install
 without the repository), a small random-weight model stands in and the text is noise.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +46,7 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
 
 
 ATTEMPTS = 5
+BASE = "v1/demo/plant1/press-line/rung/node1"
 
 
 def _requests() -> dict[str, list[dict[str, Any]]]:
@@ -103,41 +111,130 @@ def _summary(task: str, output: Any, validation: dict[str, Any]) -> str:
     return json.dumps(output, indent=2, ensure_ascii=False)
 
 
+def _write_config(work: Path, engine_dir: Path, port: int, metrics_port: int) -> Path:
+    import yaml
+
+    cfg = {"engine": {"path": str(engine_dir)},
+           "mqtt": {"host": "127.0.0.1", "port": port, "base_topic": BASE,
+                    "client_id": "rung-demo", "reconnect_min_s": 0.2},
+           "queue": {"max_pending": 32},
+           "metrics": {"port": metrics_port},
+           "state_dir": str(cache_dir() / "demo-state"),
+           "kv": {"ram_mb": 64, "disk_mb": 256}}
+    path = work / "rung.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_text(errors="replace").splitlines():
+            if '"msg": "ready"' in line:
+                return
+        if proc.poll() is not None:
+            raise RungError(f"rung serve exited with {proc.returncode}: "
+                            f"{log.read_text(errors='replace')[-1500:]}")
+        time.sleep(0.1)
+    raise RungError(f"rung serve was not ready in {timeout:.0f} s (log: {log})")
+
+
+async def _ask_all(cfg: Any, inputs: dict[str, list[dict[str, Any]]],
+                   max_tokens: int | None) -> dict[str, list[dict[str, Any]]]:
+    from rung.daemon.ask import ask
+
+    jobs = [(task, ask(cfg.mqtt, task, data, 600.0, max_tokens=max_tokens))
+            for task, datas in inputs.items() for data in datas]
+    replies = await asyncio.gather(*(job for _, job in jobs))
+    out: dict[str, list[dict[str, Any]]] = {task: [] for task in inputs}
+    for (task, _), reply in zip(jobs, replies, strict=True):
+        out[task].append(reply)
+    return out
+
+
+def _show(task: str, inputs: list[dict[str, Any]], replies: list[dict[str, Any]]) -> None:
+    shown = next((r for r in replies if r.get("ok")), replies[0])
+    data = inputs[replies.index(shown)]
+    print(f"\n=== {task}: {next(iter(data.values()))}")
+    if shown.get("ok"):
+        print(_summary(task, shown["output"], shown["validation"]))
+        print("--- valid")
+    else:
+        err = shown.get("error") or {}
+        print(f"--- not valid: {err.get('code')}: {err.get('message')}")
+    print(f"--- {sum(bool(r.get('ok')) for r in replies)} of {len(replies)} answers to "
+          f"held-out {task} instructions passed every check")
+    usage = shown.get("usage")
+    if usage:
+        print(f"    {usage['prompt_tokens']} prompt tokens ({usage['cached_tokens']} from the "
+              f"KV cache) + {usage['completion_tokens']} answer tokens, ttft "
+              f"{usage['ttft_ms']:.0f} ms, total {usage['total_ms']:.0f} ms", file=sys.stderr)
+
+
+def _metrics(port: int) -> str:
+    import urllib.request
+
+    from rung.daemon.metrics import summarize_text
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        summary = summarize_text(resp.read().decode())
+    lines = ["\n=== metrics (from the daemon's /metrics endpoint)"]
+    for task, t in sorted(summary["tasks"].items()):
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(t["outcomes"].items()))
+        ttft = f"{t['mean_ttft_s'] * 1000:.0f} ms" if t["mean_ttft_s"] is not None else "-"
+        total = f"{t['mean_request_s']:.2f} s" if t["mean_request_s"] is not None else "-"
+        lines.append(f"  {task:<11} {t['requests']} requests ({outcomes}); mean ttft {ttft}, "
+                     f"mean total {total}; {t['completion_tokens']} tokens generated, "
+                     f"{t['cached_tokens']} prompt tokens from the KV cache")
+    lines.append(f"  queue depth {summary['queue_depth']}, mqtt reconnects "
+                 f"{summary['mqtt_reconnects']}, journal pending {summary['journal_pending']}")
+    return "\n".join(lines)
+
+
 def run(max_tokens: int | None = None) -> int:
-    """Answer the demo requests; 0 unless something failed outside the model's answers."""
-    from rung.daemon.task_runner import TaskRunner
-    from rung.daemon.tasks import load_tasks
-    from rung.engines import load_engine
-    from rung.engines.sampler import SamplingParams
-    from rung.engines.tokenizer import Tokenizer
+    """The whole loop on this machine: a private mosquitto, ``rung serve`` on the demo
+    model, requests over MQTT through ``rung ask``'s client, the validated answers and the
+    daemon's metrics; then SIGTERM and the retained offline status. 0 unless something
+    failed outside the model's answers."""
+    from rung.daemon.config import load_config
+    from rung.daemon.localbroker import LocalBroker, free_port
+    from rung.engines.manifest import load_manifest
 
     engine_dir, what = _engine_dir()
-    engine = load_engine(engine_dir)
-    m = engine.manifest
+    m = load_manifest(engine_dir)
     print(f"rung demo: {what}\n  {m.dims.hf_architecture}, {m.dims.num_layers} layers, "
           f"{m.weights} weights, KV {m.kv.dtype} {m.kv.bytes_per_token(m.dims)} bytes/token, "
           f"FFN gates {'on' if m.ffn_gate else 'off'}", file=sys.stderr)
     if m.parity is not None:
         print(f"  export verified: max logit error {m.parity.max_abs_logit_diff:.1e}, greedy "
               f"agreement {m.parity.greedy_agreement:.2f}", file=sys.stderr)
-    runner = TaskRunner(engine, Tokenizer.load(engine_dir, m.tokenizer), load_tasks(),
-                        engine_dir)
-    # one request at a time: batch 1 is where the trained FFN gates act
-    for task, inputs in _requests().items():
-        results = [runner.run([(task, data)], SamplingParams(), max_tokens)[0]
-                   for data in inputs]
-        shown = next((r for r in results if r.ok), results[0])
-        data = inputs[results.index(shown)]
-        print(f"\n=== {task}: {next(iter(data.values()))}")
-        if shown.output is not None and shown.validation is not None:
-            print(_summary(task, shown.output, shown.validation))
-        error = shown.error or {"code": "?", "message": ""}
-        print("--- valid" if shown.ok else f"--- not valid: {error['code']}: {error['message']}")
-        print(f"--- {sum(r.ok for r in results)} of {len(results)} answers to held-out "
-              f"{task} instructions passed every check")
-        g = shown.generation
-        if g is not None:
-            print(f"    {g.prompt_tokens} prompt + {len(g.token_ids)} answer tokens, ttft "
-                  f"{g.ttft_ms:.0f} ms, {g.decode_tok_s:.0f} tok/s, FFN skipped "
-                  f"{g.ffn_skip_ratio or 0:.0%}", file=sys.stderr)
-    return 0
+    with tempfile.TemporaryDirectory(prefix="rung-demo-") as tmp:
+        work = Path(tmp)
+        broker = LocalBroker(work / "broker")
+        broker.start()
+        metrics_port = free_port()
+        config = _write_config(work, engine_dir, broker.port, metrics_port)
+        log = work / "rung.log"
+        print(f"  mosquitto on 127.0.0.1:{broker.port}; rung serve --config {config}",
+              file=sys.stderr)
+        with log.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "rung.daemon", "serve",
+                                     "--config", str(config)], stdout=out,
+                                    stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(proc, log)
+            print(f"  daemon ready; requests go to {BASE}/req/<task>", file=sys.stderr)
+            inputs = _requests()
+            replies = asyncio.run(_ask_all(load_config(config), inputs, max_tokens))
+            for task, task_inputs in inputs.items():
+                _show(task, task_inputs, replies[task])
+            print(_metrics(metrics_port), file=sys.stderr)
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(60)
+            print(f"  rung serve stopped on SIGTERM (exit {code})", file=sys.stderr)
+            return 0 if code == 0 else 1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            broker.stop()

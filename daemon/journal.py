@@ -50,6 +50,11 @@ CREATE INDEX IF NOT EXISTS entries_state ON entries(state);
 """
 
 
+# SQLite errors that mean the file itself is damaged or not our journal (SQLITE_ERROR: the
+# ``entries`` table or its columns are missing); any other error is not moved aside.
+_DAMAGED = ("SQLITE_NOTADB", "SQLITE_CORRUPT", "SQLITE_ERROR")
+
+
 class JournalError(RungError):
     """The journal cannot be opened or written (disk full, permissions)."""
 
@@ -87,7 +92,8 @@ def dedupe_key(msg: Incoming) -> str:
     """The row key: explicit ids name the request; anonymous ones only a redelivery."""
     h = hashlib.sha256()
     for part in (msg.topic.encode(), msg.payload, (msg.response_topic or "").encode(),
-                 msg.correlation or b"", (msg.claimed_id or "").encode()):
+                 msg.correlation or b"",
+                 (msg.claimed_id or "").encode("utf-8", "surrogatepass")):
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
     if msg.correlation is not None or msg.claimed_id is not None:
@@ -116,6 +122,10 @@ class Journal:
                 ok = db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
                 db.execute("SELECT seq, key, state FROM entries LIMIT 1").fetchall()
             except sqlite3.DatabaseError as e:
+                if not (e.sqlite_errorname or "").startswith(_DAMAGED):
+                    if db is not None:    # cannot open or read it (permissions, I/O): not
+                        db.close()        # damage, so not moved aside: JournalError
+                    raise
                 ok = False
                 log.error("journal unreadable: %s", e)
             if not ok:

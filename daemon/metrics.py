@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -23,6 +23,8 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
@@ -165,43 +167,7 @@ class Metrics:
 
     def summary(self) -> dict[str, Any]:
         """A compact view for humans: per-task counts, tokens and mean latencies; queue; MQTT."""
-        tasks: dict[str, dict[str, Any]] = {}
-
-        def entry(task: str) -> dict[str, Any]:
-            return tasks.setdefault(task, {
-                "requests": 0, "outcomes": {}, "prompt_tokens": 0, "completion_tokens": 0,
-                "cached_tokens": 0, "mean_ttft_s": None, "mean_request_s": None})
-
-        sums: dict[tuple[str, str], float] = {}
-        plain: dict[str, float] = {}
-        for family in self.registry.collect():
-            for s in family.samples:
-                task = s.labels.get("task")
-                if task is None:
-                    if not s.labels:
-                        plain[s.name] = s.value
-                    continue
-                if s.name == "rung_requests_total":
-                    e = entry(task)
-                    e["outcomes"][s.labels["outcome"]] = int(s.value)
-                    e["requests"] += int(s.value)
-                elif s.name.endswith("_tokens_total"):
-                    entry(task)[s.name[len("rung_"):-len("_total")]] = int(s.value)
-                elif s.name in ("rung_ttft_seconds_sum", "rung_ttft_seconds_count",
-                                "rung_request_seconds_sum", "rung_request_seconds_count"):
-                    sums[(task, s.name)] = s.value
-        for task, e in tasks.items():
-            for key, metric in (("mean_ttft_s", "rung_ttft_seconds"),
-                                ("mean_request_s", "rung_request_seconds")):
-                count = sums.get((task, metric + "_count"), 0.0)
-                if count:
-                    e[key] = sums[(task, metric + "_sum")] / count
-        return {"tasks": tasks,
-                "queue_depth": int(plain.get("rung_queue_depth", 0)),
-                "inflight": int(plain.get("rung_inflight", 0)),
-                "mqtt_connected": bool(plain.get("rung_mqtt_connected", 0)),
-                "mqtt_reconnects": int(plain.get("rung_mqtt_reconnects_total", 0)),
-                "journal_pending": int(plain.get("rung_journal_pending", 0))}
+        return summarize(self.registry.collect())
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serves ``/metrics`` from a daemon thread; returns the bound port (``port`` 0: any free
@@ -225,3 +191,50 @@ class Metrics:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def summarize(families: Iterable[Metric]) -> dict[str, Any]:
+    """``Metrics.summary`` over any metric families: a registry's, or those parsed from a
+    scraped ``/metrics`` page (``summarize_text``)."""
+    tasks: dict[str, dict[str, Any]] = {}
+
+    def entry(task: str) -> dict[str, Any]:
+        return tasks.setdefault(task, {
+            "requests": 0, "outcomes": {}, "prompt_tokens": 0, "completion_tokens": 0,
+            "cached_tokens": 0, "mean_ttft_s": None, "mean_request_s": None})
+
+    sums: dict[tuple[str, str], float] = {}
+    plain: dict[str, float] = {}
+    for family in families:
+        for s in family.samples:
+            task = s.labels.get("task")
+            if task is None:
+                if not s.labels:
+                    plain[s.name] = s.value
+                continue
+            if s.name == "rung_requests_total":
+                e = entry(task)
+                e["outcomes"][s.labels["outcome"]] = int(s.value)
+                e["requests"] += int(s.value)
+            elif s.name.endswith("_tokens_total"):
+                entry(task)[s.name[len("rung_"):-len("_total")]] = int(s.value)
+            elif s.name in ("rung_ttft_seconds_sum", "rung_ttft_seconds_count",
+                            "rung_request_seconds_sum", "rung_request_seconds_count"):
+                sums[(task, s.name)] = s.value
+    for task, e in tasks.items():
+        for key, metric in (("mean_ttft_s", "rung_ttft_seconds"),
+                            ("mean_request_s", "rung_request_seconds")):
+            count = sums.get((task, metric + "_count"), 0.0)
+            if count:
+                e[key] = sums[(task, metric + "_sum")] / count
+    return {"tasks": tasks,
+            "queue_depth": int(plain.get("rung_queue_depth", 0)),
+            "inflight": int(plain.get("rung_inflight", 0)),
+            "mqtt_connected": bool(plain.get("rung_mqtt_connected", 0)),
+            "mqtt_reconnects": int(plain.get("rung_mqtt_reconnects_total", 0)),
+            "journal_pending": int(plain.get("rung_journal_pending", 0))}
+
+
+def summarize_text(text: str) -> dict[str, Any]:
+    """The summary of a scraped ``/metrics`` page (``rung demo`` reads the daemon's)."""
+    return summarize(text_string_to_metric_families(text))

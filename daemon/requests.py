@@ -10,7 +10,7 @@ client id. The payload forms are the ones in CONTRACTS.md.
 from __future__ import annotations
 
 import json
-import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +20,7 @@ from rung.daemon.journal import Entry
 _FIELDS = {"input", "id", "reply_to", "client", "session", "max_tokens", "temperature",
            "seed", "top_p", "top_k"}
 _MAX_ID = 256
+_MAX_MESSAGE = 500
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,19 @@ class Failure:
 
 
 def _valid_topic(topic: Any) -> bool:
-    return (isinstance(topic, str) and 0 < len(topic.encode("utf-8", "replace")) <= 65535
-            and not any(c in topic for c in "+#\0"))
+    if not isinstance(topic, str):
+        return False
+    try:
+        size = len(topic.encode("utf-8"))
+    except UnicodeEncodeError:      # a lone surrogate from a JSON escape: not publishable
+        return False
+    return 0 < size <= 65535 and not any(c in topic for c in "+#\0")
 
 
 def _peek(payload: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):   # also an integer past Python's digit limit
         return {}
     return doc if isinstance(doc, dict) else {}
 
@@ -130,7 +136,7 @@ def _type_error(doc: Mapping[str, Any]) -> str | None:
                or (key == "reply_to" and not _valid_topic(v))
                or (key == "client" and (not _valid_topic(v) or "/" in v))
                or (key == "max_tokens" and v < 1)
-               or (key == "temperature" and not (math.isfinite(v) and v >= 0))
+               or (key == "temperature" and not 0 <= v <= sys.float_info.max)
                or (key == "top_p" and not (0 < v <= 1))
                or (key == "top_k" and v < 0)
                or (key == "seed" and not 0 <= v < 2**63))
@@ -158,7 +164,7 @@ def parse(entry: Entry, base: str, client_id: str, tasks: Mapping[str, Any],
         return fail("bad_json", f"payload is not UTF-8 (byte {e.start})")
     try:
         doc = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # also an integer past Python's digit limit
         return fail("bad_json", f"payload is not JSON ({e})"[:300])
     if not isinstance(doc, dict):
         return fail("bad_request", f"payload must be a JSON object, got {type(doc).__name__}")
@@ -181,13 +187,15 @@ def parse(entry: Entry, base: str, client_id: str, tasks: Mapping[str, Any],
 
 
 def error_response(reply: Address, task: str | None, code: str, message: str) -> bytes:
+    if len(message) > _MAX_MESSAGE:   # messages may quote the input; keep them readable
+        message = message[:_MAX_MESSAGE - 3] + "..."
     return json.dumps({"id": reply.id, "task": task, "ok": False,
                        "error": {"code": code, "message": message}},
-                      ensure_ascii=False).encode("utf-8")
+                      ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 
 def ok_response(reply: Address, task: str, output: Any, validation: Any,
                 usage: Mapping[str, Any]) -> bytes:
     return json.dumps({"id": reply.id, "task": task, "ok": True, "output": output,
                        "validation": validation, "usage": dict(usage)},
-                      ensure_ascii=False).encode("utf-8")
+                      ensure_ascii=False).encode("utf-8", "backslashreplace")

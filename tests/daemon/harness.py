@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,63 +20,12 @@ import yaml
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from rung.daemon.localbroker import LocalBroker
+
 BASE = "v1/test/plant/line/rung/node1"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def mosquitto_bin() -> str:
-    found = shutil.which("mosquitto") or (
-        "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None)
-    if found is None:
-        raise RuntimeError("mosquitto is not installed: apt-get install -y mosquitto "
-                           "(make test installs it)")
-    return found
-
-
-class Broker:
-    """mosquitto from our own config, persistence on (a restart keeps sessions)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        root.mkdir(parents=True, exist_ok=True)
-        lines = [f"listener {self.port} 127.0.0.1", "allow_anonymous true",
-                 "persistence true", f"persistence_location {root}/",
-                 "max_queued_messages 5000", f"log_dest file {root}/mosquitto.log",
-                 "log_type error", "log_type warning", "log_type notice"]
-        if os.geteuid() == 0:
-            lines.append("user root")
-        (root / "mosquitto.conf").write_text("\n".join(lines) + "\n")
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([mosquitto_bin(), "-c", str(self.root / "mosquitto.conf")],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"mosquitto exited: {self.log()}") from None
-                time.sleep(0.05)
-        raise RuntimeError("mosquitto did not start listening")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        self.proc = None
-
-    def log(self) -> str:
-        p = self.root / "mosquitto.log"
-        return p.read_text(errors="replace")[-2000:] if p.exists() else ""
+Broker = LocalBroker
 
 
 def write_config(root: Path, engine: Path, port: int, **sections: Any) -> Path:

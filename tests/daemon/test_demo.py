@@ -1,5 +1,6 @@
-"""``rung demo`` from an empty cache: exports the demo model, verifies it and answers one
-request of each task; a second run reuses the export and answers the same."""
+"""``rung demo`` from an empty cache: exports the demo model, verifies it, starts a private
+mosquitto and ``rung serve``, answers requests of each task over MQTT, prints the metrics
+and stops the daemon; a second run reuses the export and answers the same."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ def test_demo_from_empty_cache_then_reuses_it(tmp_path: Path) -> None:
         assert f"=== {task}:" in first.stdout
     assert first.stdout.count(" answers to held-out ") == 3
     assert "writing ONNX graph" in first.stderr
+    assert "daemon ready" in first.stderr and "=== metrics" in first.stderr
+    assert "st_code     5 requests" in first.stderr
+    assert "rung serve stopped on SIGTERM (exit 0)" in first.stderr
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert second.returncode == 0 and "writing ONNX graph" not in second.stderr
     assert second.stdout == first.stdout  # greedy, same engine: same answers

@@ -1,0 +1,223 @@
+"""The scheduler in front of the engine, driven with a fake runner (the scheduler's own logic
+is the subject: queue bound, expiry, batching, failures, stop, liveness)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from rung.daemon.requests import Address, Request
+from rung.daemon.scheduler import Answer, Scheduler
+from rung.daemon.task_runner import TaskResult
+from rung.engines.generate import Generation
+from rung.engines.sampler import SamplingParams
+
+
+class FakeRunner:
+    """Echoes each input; ``{"boom": True}`` in a batch raises; ``gate`` holds a batch."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.batches: list[list[tuple[str, Any]]] = []
+        self.params: list[SamplingParams] = []
+        self.max_tokens: list[int | None] = []
+        self.gate = gate
+
+    def run(self, requests: Sequence[tuple[str, Any]], params: Sequence[SamplingParams],
+            max_tokens: Sequence[int | None]) -> list[TaskResult]:
+        self.batches.append(list(requests))
+        self.params.extend(params)
+        self.max_tokens.extend(max_tokens)
+        if self.gate is not None:
+            assert self.gate.wait(5.0), "test never opened the gate"
+        if any(data.get("boom") for _, data in requests):
+            raise RuntimeError("engine fell over")
+        out = []
+        for task, data in requests:
+            if data.get("invalid"):
+                out.append(TaskResult(task, False, None, None,
+                                      {"code": "invalid_output", "message": "schema"}, None))
+            else:
+                gen = Generation(prompt_tokens=12, token_ids=[1, 2, 3], text="", ttft_ms=8.04,
+                                 finish_reason="stop", decode_tok_s=40.06, cached_tokens=4)
+                out.append(TaskResult(task, True, {"echo": data}, {"ok": True}, None, gen))
+        return out
+
+
+def _req(seq: int, data: dict[str, Any] | None = None, deadline_in: float = 60.0,
+         **kw: Any) -> Request:
+    now = time.time()
+    return Request(seq=seq, task="st_code", input=data if data is not None else {"n": seq},
+                   reply=Address(f"r/{seq}", None, str(seq)), received=now,
+                   deadline=now + deadline_in, **kw)
+
+
+async def _until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+def _run(body: Callable[[], Awaitable[None]]) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(body(), 15.0)
+    asyncio.run(bounded())
+
+
+def test_full_queue_refuses_but_recovered_fits() -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+        s = Scheduler(FakeRunner(), answers.append, max_pending=2)
+        assert s.submit(_req(1)) and s.submit(_req(2))
+        assert s.submit(_req(3)) is False
+        assert s.submit(_req(4), recovered=True) is True
+        assert s.depth == 3 and [r.seq for r in s.queue] == [1, 2, 4]
+        assert await s.stop(1.0) == 3 and answers == []
+    _run(body)
+
+
+def test_expired_requests_are_answered_without_running() -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+        runner = FakeRunner()
+        s = Scheduler(runner, answers.append, max_pending=10, max_batch=4)
+        s.submit(_req(1, deadline_in=-5.0))
+        s.submit(_req(2))
+        s.submit(_req(3, deadline_in=-0.5))
+        s.start()
+        await _until(lambda: len(answers) == 3)
+        by_seq = {a.request.seq: a for a in answers}
+        assert (by_seq[1].ok, by_seq[1].code) == (False, "expired")
+        assert "deadline passed 5." in by_seq[1].message
+        assert (by_seq[3].ok, by_seq[3].code) == (False, "expired")
+        assert by_seq[2].ok and by_seq[2].output == {"echo": {"n": 2}}
+        assert runner.batches == [[("st_code", {"n": 2})]]
+        await s.stop(1.0)
+    _run(body)
+
+
+def test_batches_up_to_max_batch_with_per_request_params() -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+        runner = FakeRunner()
+        s = Scheduler(runner, answers.append, max_pending=20, max_batch=3)
+        for i in range(7):
+            s.submit(_req(i, max_tokens=10 + i, temperature=0.1 * i, top_k=i, seed=100 + i))
+        s.start()
+        await _until(lambda: len(answers) == 7)
+        assert [len(b) for b in runner.batches] == [3, 3, 1]
+        assert [a.request.seq for a in answers] == list(range(7))
+        assert runner.max_tokens == [10 + i for i in range(7)]
+        assert [(p.temperature, p.top_k, p.seed) for p in runner.params] == [
+            (0.1 * i, i, 100 + i) for i in range(7)]
+        a = answers[0]
+        assert a.ok and a.code is None and a.validation == {"ok": True}
+        assert a.usage == {"prompt_tokens": 12, "completion_tokens": 3, "cached_tokens": 4,
+                           "ttft_ms": 8.0, "decode_tok_s": 40.1, "ffn_skip_ratio": None}
+        await s.stop(1.0)
+    _run(body)
+
+
+def test_runner_failure_answers_the_batch_internal_and_goes_on() -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+        runner = FakeRunner()
+        s = Scheduler(runner, answers.append, max_pending=10, max_batch=2)
+        s.submit(_req(1))
+        s.submit(_req(2, {"boom": True}))
+        s.submit(_req(3, {"invalid": True}))
+        s.start()
+        await _until(lambda: len(answers) == 3)
+        assert [(a.request.seq, a.ok, a.code) for a in answers] == [
+            (1, False, "internal"), (2, False, "internal"), (3, False, "invalid_output")]
+        assert answers[0].message == "RuntimeError: engine fell over"
+        assert answers[0].usage == {} and answers[2].message == "schema"
+        assert s.submit(_req(4))                           # the loop is still serving
+        await _until(lambda: len(answers) == 4)
+        assert answers[3].ok and answers[3].request.seq == 4
+        assert s.liveness() is None
+        await s.stop(1.0)
+    _run(body)
+
+
+def test_every_request_is_answered_exactly_once() -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+        s = Scheduler(FakeRunner(), answers.append, max_pending=100, max_batch=4)
+        s.start()
+        for i in range(40):
+            data = {"boom": True} if i % 11 == 5 else {"invalid": True} if i % 7 == 3 else None
+            assert s.submit(_req(i, data, deadline_in=-1.0 if i % 5 == 0 else 60.0))
+            if i % 3 == 0:
+                await asyncio.sleep(0)
+        await _until(lambda: len(answers) >= 40)
+        await asyncio.sleep(0.05)
+        assert Counter(a.request.seq for a in answers) == Counter(range(40))
+        codes = Counter(a.code for a in answers)
+        assert codes["expired"] == 8 and codes[None] > 0 and codes["internal"] > 0
+        assert await s.stop(1.0) == 0
+    _run(body)
+
+
+def test_stop_ends_intake_and_reports_what_is_left() -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+        gate = threading.Event()
+        runner = FakeRunner(gate)
+        s = Scheduler(runner, answers.append, max_pending=10, max_batch=1)
+        for i in range(3):
+            s.submit(_req(i))
+        s.start()
+        await _until(lambda: s.inflight == 1)
+        stopping = asyncio.ensure_future(s.stop(5.0))
+        await asyncio.sleep(0.02)
+        assert s.submit(_req(9)) is False and s.submit(_req(10), recovered=True) is False
+        gate.set()
+        assert await stopping == 2                         # the batch in progress finished
+        assert [a.request.seq for a in answers] == [0] and len(runner.batches) == 1
+        assert [r.seq for r in s.queue] == [1, 2]
+        assert s.liveness() == "the scheduler loop has stopped"
+    _run(body)
+
+
+def test_stop_gives_up_waiting_after_the_grace() -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+        gate = threading.Event()
+        s = Scheduler(FakeRunner(gate), answers.append, max_pending=10, max_batch=1)
+        s.submit(_req(1))
+        s.submit(_req(2))
+        task = s.start()
+        await _until(lambda: s.inflight == 1)
+        t0 = time.monotonic()
+        assert await s.stop(0.05) == 1
+        assert time.monotonic() - t0 < 2.0 and answers == []
+        gate.set()
+        await asyncio.wait_for(task, 5.0)
+        assert [a.request.seq for a in answers] == [1]
+    _run(body)
+
+
+def test_liveness_reports_a_stuck_generation() -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+        gate = threading.Event()
+        s = Scheduler(FakeRunner(gate), answers.append, max_pending=10,
+                      stuck_after_s=0.05)
+        assert s.liveness() is None
+        s.start()
+        assert s.liveness() is None                        # idle, waiting for work
+        s.submit(_req(1))
+        await _until(lambda: s.inflight == 1)
+        await asyncio.sleep(0.1)
+        why = s.liveness()
+        assert why is not None and why.startswith("one generation has run for")
+        gate.set()
+        await _until(lambda: len(answers) == 1)
+        assert s.liveness() is None and s.inflight == 0 and s.busy_since is None
+        await s.stop(1.0)
+    _run(body)
