@@ -160,7 +160,7 @@ class Journal:
         """Record a received message durably; None when it is a duplicate of a kept row."""
         now = time.time() if now is None else now
         key = dedupe_key(msg)
-        row = self.db.execute("SELECT seq, state FROM entries WHERE key = ?", (key,)).fetchone()
+        row = self._write("SELECT seq, state FROM entries WHERE key = ?", (key,)).fetchone()
         if row is not None:
             if key.startswith("id:") or row[1] != "delivered":
                 return None

@@ -96,8 +96,17 @@ class Scheduler:
                     for r in batch]
             finally:
                 self.inflight, self.busy_since = 0, None
+            if len(results) != len(batch):   # never leave a request without its answer
+                log.error("runner returned %d results for %d requests", len(results),
+                          len(batch))
+                results = [TaskResult(r.task, False, None, None, {
+                    "code": "internal", "message": "no result from the engine"}, None)
+                    for r in batch]
             for req, res in zip(batch, results, strict=True):
-                self.answer(_answer(req, res))
+                try:
+                    self.answer(_answer(req, res))
+                except Exception:   # a failed answer must not stop the engine loop
+                    log.exception("answering request %d failed", req.seq)
 
     def _pick(self) -> list[Request]:
         batch: list[Request] = []

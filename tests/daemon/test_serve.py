@@ -7,14 +7,20 @@ import collections
 import contextlib
 import json
 import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
+from rung.daemon.localbroker import free_port
+from rung.daemon.metrics import summarize_text
 from rung.daemon.tasks import load_tasks
 from tests.daemon.harness import BASE, Broker, Daemon, Requester, retained_status, write_config
 
@@ -61,8 +67,8 @@ def served(tmp_path_factory: pytest.TempPathFactory,
     root = tmp_path_factory.mktemp("served")
     b = Broker(root / "broker")
     b.start()
-    d = Daemon(write_config(root, edge_engine, b.port,
-                            mqtt={"max_payload_bytes": 16384}))
+    d = Daemon(write_config(root, edge_engine, b.port, mqtt={"max_payload_bytes": 16384},
+                            metrics={"port": free_port()}))
     d.start()
     yield b, d
     d.stop()
@@ -143,6 +149,50 @@ BAD: list[tuple[str, str, Any, str]] = [
                                              "value": i, "unit": "degC"}
                                             for i in range(100)]}}, "too_long"),
 ]
+
+
+def rung_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rung.daemon", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_rung_ask_and_metrics(served: tuple[Broker, Daemon]) -> None:
+    _, daemon = served
+    config = str(daemon.config)
+    ok = rung_cli("ask", "--config", config, "--task", "st_code", "--input",
+                  json.dumps(ST_INPUT))
+    assert ok.returncode == 0, ok.stderr
+    schema_ok("st_code", json.loads(ok.stdout))
+    bad = rung_cli("ask", "--config", config, "--task", "st_code", "--input", '{"x": 1}')
+    assert bad.returncode == 1 and json.loads(bad.stdout)["error"]["code"] == "bad_request"
+    assert "rung: error: bad_request" in bad.stderr
+    v3 = rung_cli("ask", "--config", config, "--set", "mqtt.protocol=3.1.1", "--task",
+                  "st_code", "--input", json.dumps(ST_INPUT), "--max-tokens", "3")
+    assert v3.returncode == 1 and json.loads(v3.stdout)["error"]["code"] == "truncated"
+    port = yaml.safe_load(daemon.config.read_text())["metrics"]["port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    summary = summarize_text(text)
+    assert summary["tasks"]["st_code"]["outcomes"]["ok"] >= 1
+    assert summary["mqtt_connected"] is True
+    assert 'rung_requests_total{outcome="bad_request",task="st_code"}' in text
+
+
+def test_rung_check(served: tuple[Broker, Daemon], tmp_path: Path) -> None:
+    _, daemon = served
+    good = rung_cli("check", "--config", str(daemon.config))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert [line.split()[0] for line in good.stdout.splitlines()] == ["ok"] * 5
+    dead = rung_cli("check", "--config", str(daemon.config), "--set",
+                    f"mqtt.port={free_port()}", "--set", f"state_dir={tmp_path / 's'}")
+    assert dead.returncode == 1
+    assert any(line.startswith("FAIL broker") for line in dead.stdout.splitlines())
+    assert "ok   engine" in dead.stdout   # one failure does not hide the other checks
+    typo = rung_cli("check", "--config", str(daemon.config), "--set", "mqtt.prot=1883")
+    assert typo.returncode == 1 and "FAIL config" in typo.stdout and "mqtt.prot" in typo.stdout
+    gone = rung_cli("check", "--config", str(daemon.config), "--set",
+                    f"engine.path={tmp_path / 'none'}")
+    assert gone.returncode == 1 and "FAIL engine" in gone.stdout
 
 
 def test_malformed_requests_get_the_right_error(served: tuple[Broker, Daemon]) -> None:
