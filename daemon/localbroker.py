@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rung.engines.errors import RungError
@@ -34,12 +35,18 @@ def mosquitto_bin() -> str:
 class LocalBroker:
     """mosquitto on 127.0.0.1 with persistence in ``root`` (a restart keeps sessions)."""
 
-    def __init__(self, root: Path, port: int | None = None) -> None:
+    def __init__(self, root: Path, port: int | None = None,
+                 listener_options: Sequence[str] = (), password_file: Path | None = None) -> None:
+        """``listener_options``: mosquitto lines for the listener (``cafile``, ``certfile``,
+        ``keyfile`` for TLS); ``password_file`` (mosquitto_passwd format) turns anonymous
+        access off."""
         self.root = Path(root)
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.root.mkdir(parents=True, exist_ok=True)
-        lines = [f"listener {self.port} 127.0.0.1", "allow_anonymous true",
+        auth = ([f"password_file {password_file}", "allow_anonymous false"]
+                if password_file is not None else ["allow_anonymous true"])
+        lines = [f"listener {self.port} 127.0.0.1", *listener_options, *auth,
                  "persistence true", f"persistence_location {self.root}/",
                  "max_queued_messages 5000", f"log_dest file {self.root}/mosquitto.log",
                  "log_type error", "log_type warning", "log_type notice"]

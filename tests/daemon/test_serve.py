@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -151,9 +152,10 @@ BAD: list[tuple[str, str, Any, str]] = [
 ]
 
 
-def rung_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def rung_cli(*args: str, timeout: float = 180,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rung.daemon", *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def test_rung_ask_and_metrics(served: tuple[Broker, Daemon]) -> None:
@@ -348,3 +350,57 @@ def test_systemd_notify_and_sigterm(broker: Broker, edge_engine: Path,
         sock.close()
     status = retained_status(broker.port)
     assert status is not None and status["online"] is False
+
+
+def _tls_files(d: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1 (openssl)."""
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    ca_key, ca, key, csr, cert = (d / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr",
+                                                  "srv.pem"))
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+        "/CN=rung test CA", "-keyout", str(ca_key), "-out", str(ca))
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout",
+        str(key), "-out", str(csr))
+    ext = d / "san.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    ssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+        "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(cert))
+    return ca, cert, key
+
+
+def test_tls_and_password_from_a_credential(edge_engine: Path, tmp_path: Path) -> None:
+    ca, cert, key = _tls_files(tmp_path)
+    passwd = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(passwd), "rung", "s3cret pass"],
+                   check=True, capture_output=True, timeout=30)
+    passwd.chmod(0o600)
+    broker = Broker(tmp_path / "broker", password_file=passwd, listener_options=[
+        f"cafile {ca}", f"certfile {cert}", f"keyfile {key}"])
+    broker.start()
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "mqtt-password").write_text("s3cret pass\n")
+    env = {"CREDENTIALS_DIRECTORY": str(creds)}
+    config = write_config(tmp_path, edge_engine, broker.port, mqtt={
+        "username": "rung", "password_file": "credential:mqtt-password",
+        "tls": {"ca_file": str(ca)}})
+    daemon = Daemon(config, env=env)
+    try:
+        daemon.start()
+        ok = rung_cli("ask", "--config", str(config), "--task", "st_code", "--input",
+                      json.dumps(ST_INPUT), "--max-tokens", "3", env=env)
+        assert json.loads(ok.stdout)["error"]["code"] == "truncated", ok.stderr
+        wrong = tmp_path / "wrong"
+        wrong.mkdir()
+        (wrong / "mqtt-password").write_text("guess\n")
+        refused = rung_cli("check", "--config", str(config), env={
+            "CREDENTIALS_DIRECTORY": str(wrong)})
+        assert refused.returncode == 1 and "FAIL broker" in refused.stdout
+        plain = rung_cli("check", "--config", str(config), "--set", "mqtt.tls=null", env=env)
+        assert plain.returncode == 1 and "FAIL broker" in plain.stdout
+        assert "s3cret" not in refused.stdout + plain.stdout + daemon.tail()
+    finally:
+        daemon.stop()
+        broker.stop()
