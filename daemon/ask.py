@@ -71,7 +71,7 @@ async def ask(cfg: MQTTConfig, task: str, data: dict[str, Any], timeout_s: float
                        "check mqtt.host/port and that the broker runs") from e
     except TimeoutError as e:
         raise AskError(f"no reply within {timeout_s:g} s on {reply_topic}",
-                       f"is rung serve running and subscribed to {cfg.base_topic}/req/+ ? "
+                       f"is rung serve running and subscribed to {cfg.base_topic}/req/# ? "
                        f"(its retained status: {cfg.base_topic}/status)") from e
     raise AskError("the broker closed the connection before a reply came")
 

@@ -86,6 +86,7 @@ class Incoming:
     expiry_s: float | None = None     # v5 Message Expiry Interval left when it arrived
     mid: int = 0                      # broker packet id (kept across redeliveries)
     claimed_id: str | None = None     # the payload's "id" when it has one (cheap peek)
+    retained: bool = False            # delivered with the retain flag (a replay)
 
 
 def dedupe_key(msg: Incoming) -> str:

@@ -27,6 +27,7 @@ import aiomqtt
 import paho.mqtt.client as paho_mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from rung.daemon.config import MQTTConfig
 from rung.daemon.journal import Incoming
@@ -59,7 +60,7 @@ def incoming(message: aiomqtt.Message, claimed_id: str | None = None) -> Incomin
                     response_topic=response_topic or None,
                     correlation=bytes(correlation) if correlation is not None else None,
                     expiry_s=float(expiry) if expiry is not None else None,
-                    mid=message.mid, claimed_id=claimed_id)
+                    mid=message.mid, claimed_id=claimed_id, retained=bool(message.retain))
 
 
 class MQTTLink:
@@ -123,6 +124,8 @@ class MQTTLink:
                     await self._serve(client)
             except aiomqtt.MqttError as e:
                 log.warning("broker %s:%d: %s", self.cfg.host, self.cfg.port, e)
+            except Exception:   # a bug here must not end the link for good: log, back off
+                log.exception("MQTT link failed")
             finally:
                 self._client = None
                 if self.metrics is not None:
@@ -137,7 +140,10 @@ class MQTTLink:
 
     async def _serve(self, client: aiomqtt.Client) -> None:
         await client.publish(self.status_topic, json.dumps(self.birth()), qos=1, retain=True)
-        await client.subscribe(self.request_filter, qos=1)
+        # v5: no retained requests replayed at subscribe (each reconnect would re-run them)
+        options = (SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
+                   if self.v5 else None)
+        await client.subscribe(self.request_filter, qos=0 if options else 1, options=options)
         self._client = client
         self.connections += 1
         if self.metrics is not None:

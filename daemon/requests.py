@@ -186,11 +186,13 @@ def parse(entry: Entry, base: str, client_id: str, tasks: Mapping[str, Any],
         seed=doc.get("seed"))
 
 
-def error_response(reply: Address, task: str | None, code: str, message: str) -> bytes:
+def error_response(reply: Address, task: str | None, code: str, message: str,
+                   extra: Mapping[str, Any] | None = None) -> bytes:
+    """The error form; ``extra`` adds fields (``invalid_output``: output and validation)."""
     if len(message) > _MAX_MESSAGE:   # messages may quote the input; keep them readable
         message = message[:_MAX_MESSAGE - 3] + "..."
     return json.dumps({"id": reply.id, "task": task, "ok": False,
-                       "error": {"code": code, "message": message}},
+                       "error": {"code": code, "message": message}, **(extra or {})},
                       ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 

@@ -69,6 +69,7 @@ class Service:
         self._outbox_idle = asyncio.Event()
         self._stopping = asyncio.Event()
         self._link_task: asyncio.Task[None] | None = None
+        self._direct: set[asyncio.Task[bool]] = set()
         m = runner.engine.manifest
         self.metrics.set_info(version=VERSION, engine=m.engine_id, kv_dtype=m.kv.dtype)
 
@@ -76,6 +77,14 @@ class Service:
 
     def _on_message(self, msg: Incoming) -> bool:
         """Record, then route; True once the message is durable (the link acknowledges)."""
+        if msg.retained:
+            # a retained request replayed at subscribe time (MQTT 3.1.1; v5 subscribes with
+            # Retain Handling 2 and never gets these): it was answered when it was
+            # published, and would otherwise run again after every reconnect
+            log.warning("retained request on %s ignored: publish requests with retain off",
+                        msg.topic)
+            self.metrics.observe_request(None, "retained_replay")
+            return True
         limit = self.cfg.mqtt.max_payload_bytes
         msg = replace(msg, claimed_id=rq.claimed_id(msg.payload, limit))
         try:
@@ -114,10 +123,15 @@ class Service:
             payload = rq.ok_response(req.reply, req.task, a.output, a.validation, usage)
             self._record(req.seq, req.reply, payload)
             log.info("answered", extra={"rung_fields": {
-                "seq": req.seq, "task": req.task, "ok": True, **usage}})
+                "seq": req.seq, "task": req.task, "ok": True, "id": req.reply.id,
+                "session": req.session, **usage}})
         else:
+            # an answer that failed a semantic check comes with the output and the
+            # validation, so the engineer sees why it is not trusted (ok stays false)
+            extra = ({"output": a.output, "validation": a.validation}
+                     if a.code == "invalid_output" else None)
             self._publish_answer(req.seq, req.reply, req.task, a.code or "internal",
-                                 a.message, req.received)
+                                 a.message, req.received, extra, req.session)
         u = a.usage
         ttft = u.get("ttft_ms")
         self.metrics.observe_request(
@@ -133,17 +147,26 @@ class Service:
             self.metrics.set_kv(self.runner.prefix.store.stats())
 
     def _publish_answer(self, seq: int, reply: rq.Address, task: str | None, code: str,
-                        message: str, received: float) -> None:
-        self._record(seq, reply, rq.error_response(reply, task, code, message))
+                        message: str, received: float, extra: dict[str, Any] | None = None,
+                        session: str | None = None) -> None:
+        self._record(seq, reply, rq.error_response(reply, task, code, message, extra))
         log.info("answered", extra={"rung_fields": {
             "seq": seq, "task": task, "ok": False, "code": code, "error": message,
+            "id": reply.id, "session": session,
             "ms": round((time.time() - received) * 1000, 1)}})
 
     def _record(self, seq: int, reply: rq.Address, payload: bytes) -> None:
         try:
             self.journal.answer(seq, reply.topic, payload)
-        except JournalError as e:   # the answer still goes out; a restart may repeat it
+        except JournalError as e:
+            # the answer still goes out, straight from memory; the row stays pending, so
+            # a restart answers the request again (at least once beats never)
             log.error("%s", e)
+            task = asyncio.get_running_loop().create_task(
+                self.link.publish(reply.topic, payload, correlation=reply.correlation))
+            self._direct.add(task)
+            task.add_done_callback(self._direct.discard)
+            return
         self._wake_outbox()
 
     def _wake_outbox(self) -> None:
@@ -229,9 +252,18 @@ class Service:
         return 0
 
     async def _status_loop(self) -> None:
+        """STATUS= every 5 s (READY=1 again after a broker outage); the journal pruned
+        hourly, so months of answered ids do not pile up."""
         was_connected = self.link.connected
+        pruned = time.monotonic()
         while True:
             await asyncio.sleep(5)
+            if time.monotonic() - pruned > 3600:
+                pruned = time.monotonic()
+                try:
+                    self.journal.prune()
+                except JournalError as e:
+                    log.error("%s", e)
             if self.link.connected and not was_connected:
                 self.notifier.ready(self.status_line())   # READY again after an outage
             was_connected = self.link.connected

@@ -162,7 +162,7 @@ class Requester:
 
     def send(self, task: str, body: dict[str, Any] | bytes, correlation: str | None = None,
              response_topic: str | None = None, expiry: int | None = None,
-             topic: str | None = None) -> None:
+             topic: str | None = None, retain: bool = False) -> None:
         props = None
         if self.v5:
             props = Properties(PacketTypes.PUBLISH)
@@ -174,7 +174,7 @@ class Requester:
                 props.MessageExpiryInterval = expiry
         payload = body if isinstance(body, bytes) else json.dumps(body).encode()
         info = self.client.publish(topic or f"{BASE}/req/{task}", payload, qos=1,
-                                   properties=props)
+                                   retain=retain, properties=props)
         info.wait_for_publish(10)
 
     def wait(self, n: int, timeout: float = 120) -> list[Reply]:

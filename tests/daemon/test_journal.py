@@ -238,3 +238,4 @@ def test_directory_in_place_of_the_file_raises_journal_error(tmp_path: Path) -> 
         Journal(tmp_path / "journal.db")
     assert (tmp_path / "journal.db").is_dir()
     assert list(tmp_path.glob("journal.db.corrupt-*")) == []
+

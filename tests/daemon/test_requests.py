@@ -213,3 +213,11 @@ def test_claimed_id() -> None:
     assert claimed_id(b"\xff\xfe", 100) is None
     assert claimed_id(b'{"id": "abc"', 100) is None
     assert claimed_id(b'{"id": "a", "n": ' + b"9" * 5000 + b"}", 10**6) is None
+
+
+def test_error_response_extra_fields() -> None:
+    reply = Address("t", None, "x")
+    body = json.loads(error_response(reply, "fault_tree", "invalid_output", "m",
+                                     {"output": {"a": 1}, "validation": {"ok": False}}))
+    assert body["ok"] is False and body["output"] == {"a": 1}
+    assert body["validation"] == {"ok": False}
