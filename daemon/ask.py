@@ -19,6 +19,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from rung.daemon.config import MQTTConfig
+from rung.daemon.mqtt import connect_args
 from rung.engines.errors import RungError
 
 
@@ -46,16 +47,9 @@ async def ask(cfg: MQTTConfig, task: str, data: dict[str, Any], timeout_s: float
         props.MessageExpiryInterval = max(1, int(timeout_s))
     else:
         body.update(id=token, reply_to=reply_topic)
-    client = aiomqtt.Client(
-        cfg.host, cfg.port, identifier=f"{cfg.client_id}-ask-{os.getpid()}-{token[:6]}",
-        username=cfg.username, password=cfg.password,
-        protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
-        timeout=min(10.0, timeout_s),
-        tls_params=None if cfg.tls is None else aiomqtt.TLSParameters(
-            ca_certs=str(cfg.tls.ca_file) if cfg.tls.ca_file else None,
-            certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
-            keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None),
-        tls_insecure=cfg.tls.insecure if cfg.tls is not None else None)
+    client = aiomqtt.Client(**connect_args(cfg),
+                            identifier=f"{cfg.client_id}-ask-{os.getpid()}-{token[:6]}",
+                            timeout=min(10.0, timeout_s))
     try:
         async with client:
             await client.subscribe(reply_topic, qos=1)

@@ -20,6 +20,7 @@ import aiomqtt
 import yaml
 
 from rung.daemon.config import Config
+from rung.daemon.mqtt import connect_args
 from rung.engines.errors import RungError
 
 
@@ -64,16 +65,8 @@ def _broker(cfg: Config) -> str:
     c = cfg.mqtt
 
     async def probe() -> None:
-        client = aiomqtt.Client(
-            c.host, c.port, identifier=f"{c.client_id}-check-{os.getpid()}",
-            username=c.username, password=c.password, timeout=5,
-            protocol=aiomqtt.ProtocolVersion.V5 if str(c.protocol) == "5"
-            else aiomqtt.ProtocolVersion.V311,
-            tls_params=None if c.tls is None else aiomqtt.TLSParameters(
-                ca_certs=str(c.tls.ca_file) if c.tls.ca_file else None,
-                certfile=str(c.tls.cert_file) if c.tls.cert_file else None,
-                keyfile=str(c.tls.key_file) if c.tls.key_file else None),
-            tls_insecure=c.tls.insecure if c.tls is not None else None)
+        client = aiomqtt.Client(**connect_args(c), identifier=f"{c.client_id}-check-"
+                                f"{os.getpid()}", timeout=5)
         async with client:
             pass
 

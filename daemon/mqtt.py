@@ -48,6 +48,23 @@ def _paho(client: aiomqtt.Client) -> paho_mqtt.Client:
     return inner
 
 
+def connect_args(cfg: MQTTConfig) -> dict[str, Any]:
+    """The aiomqtt.Client arguments every rung client shares: broker, protocol, credentials,
+    TLS (``rung serve``, ``rung ask`` and ``rung check`` connect the same way)."""
+    tls = None
+    if cfg.tls is not None:
+        tls = aiomqtt.TLSParameters(
+            ca_certs=str(cfg.tls.ca_file) if cfg.tls.ca_file else None,
+            certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
+            keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
+            cert_reqs=ssl.CERT_REQUIRED, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+    return {"hostname": cfg.host, "port": cfg.port, "username": cfg.username,
+            "password": cfg.password,
+            "protocol": aiomqtt.ProtocolVersion.V5 if str(cfg.protocol) == "5"
+            else aiomqtt.ProtocolVersion.V311,
+            "tls_params": tls, "tls_insecure": cfg.tls.insecure if cfg.tls else None}
+
+
 def incoming(message: aiomqtt.Message, claimed_id: str | None = None) -> Incoming:
     """An aiomqtt message as rung's ``Incoming`` (v5 properties read when present)."""
     props = message.properties
@@ -96,19 +113,10 @@ class MQTTLink:
             props.SessionExpiryInterval = c.session_expiry_s
         will = aiomqtt.Will(self.status_topic, json.dumps(
             {"online": False, "client_id": c.client_id}), qos=1, retain=True)
-        tls = None
-        if c.tls is not None:
-            tls = aiomqtt.TLSParameters(
-                ca_certs=str(c.tls.ca_file) if c.tls.ca_file else None,
-                certfile=str(c.tls.cert_file) if c.tls.cert_file else None,
-                keyfile=str(c.tls.key_file) if c.tls.key_file else None,
-                cert_reqs=ssl.CERT_REQUIRED, tls_version=ssl.PROTOCOL_TLS_CLIENT)
         client = aiomqtt.Client(
-            c.host, c.port, identifier=c.client_id, username=c.username, password=c.password,
-            protocol=aiomqtt.ProtocolVersion.V5 if self.v5 else aiomqtt.ProtocolVersion.V311,
+            **connect_args(c), identifier=c.client_id,
             clean_session=None if self.v5 else False, clean_start=False,
-            properties=props, will=will, keepalive=c.keepalive_s, timeout=10,
-            tls_params=tls, tls_insecure=c.tls.insecure if c.tls is not None else None)
+            properties=props, will=will, keepalive=c.keepalive_s, timeout=10)
         client.pending_calls_threshold = 1000   # answers are published back to back
         # before connecting: messages queued in the session arrive right after CONNACK
         _paho(client).manual_ack_set(True)
