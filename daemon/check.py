@@ -14,10 +14,8 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiomqtt
-import yaml
 
 from rung.daemon.config import Config
 from rung.daemon.mqtt import connect_args
@@ -79,18 +77,25 @@ def _broker(cfg: Config) -> str:
 
 
 def _plcs(cfg: Config) -> str:
+    """Each register map loads, its PLC answers the handshake block and the snapshot."""
+    from rung.daemon.modbus import Link
+    from rung.daemon.regmap import load_map
+
     if not cfg.plcs:
         return "none configured"
-    ids = []
-    for path in cfg.plcs:
+
+    async def probe(path: Path) -> str:
+        plc = load_map(path)
+        link = Link(plc)
         try:
-            doc: Any = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            raise RungError(f"{path}: unreadable register map ({e})") from e
-        if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
-            raise RungError(f"{path}: a register map is a mapping with an 'id'")
-        ids.append(doc["id"])
-    return f"{len(ids)} register maps: {', '.join(ids)}"
+            start, count = plc.handshake.read_span()
+            await link.read("holding", start, count)
+            values = await link.read_snapshot()
+        finally:
+            await link.close()
+        return f"{plc.id} at {link.where}: handshake and {len(values)} points read"
+
+    return "; ".join(asyncio.run(probe(Path(p))) for p in cfg.plcs)
 
 
 CHECKS: list[tuple[str, Callable[[Config], str]]] = [

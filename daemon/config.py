@@ -103,6 +103,15 @@ class JournalConfig:
 
 
 @dataclass(frozen=True)
+class ModbusConfig:
+    """Links to PLCs (the maps are ``plcs``): reconnect backoff, job deadline."""
+
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    job_timeout_s: float = 300.0   # a triggered diagnosis not answered by then: err 4
+
+
+@dataclass(frozen=True)
 class LogConfig:
     """Log verbosity: debug, info, warning or error (normalized to lower case)."""
 
@@ -120,6 +129,7 @@ class Config:
     kv: KVConfig
     journal: JournalConfig
     log: LogConfig
+    modbus: ModbusConfig
     state_dir: Path
     tasks_dir: Path | None  # None = the built-in tasks
     plcs: tuple[Path, ...]  # Modbus register-map files, checked to exist
@@ -314,6 +324,12 @@ def _check_mqtt(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
         raise _Invalid(f"{key}.reconnect_max_s", f"must be >= {key}.reconnect_min_s ({lo:g})")
 
 
+def _check_modbus(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+    lo = values.get("reconnect_min_s", ModbusConfig.reconnect_min_s)
+    if values.get("reconnect_max_s", ModbusConfig.reconnect_max_s) < lo:
+        raise _Invalid(f"{key}.reconnect_max_s", f"must be >= {key}.reconnect_min_s ({lo:g})")
+
+
 def _check_metrics(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
     host = values.get("host", "127.0.0.1")
     try:
@@ -364,12 +380,17 @@ _TOP = {
     "kv": _section(KVConfig, {"ram_mb": _num(0), "disk_mb": _num(0)}),
     "journal": _section(JournalConfig, {"retention_s": _num(0, strict=True)}),
     "log": _section(LogConfig, {"level": _choice("debug", "info", "warning", "error")}),
+    "modbus": _section(ModbusConfig, {"reconnect_min_s": _num(0, strict=True),
+                                      "reconnect_max_s": _num(0, strict=True),
+                                      "job_timeout_s": _num(0, strict=True)},
+                       check=_check_modbus),
     "state_dir": _path("no_file", expect="a directory path"),
     "tasks_dir": _path("dir", nullable=True),
     "plcs": _Key(_plcs, "a list of register-map file paths"),
 }
 _TOP_DEFAULTS: dict[str, Any] = {"engine": {}, "mqtt": {}, "queue": {}, "metrics": {}, "kv": {},
-                                 "journal": {}, "log": {}, "state_dir": "/var/lib/rung",
+                                 "journal": {}, "log": {}, "modbus": {},
+                                 "state_dir": "/var/lib/rung",
                                  "tasks_dir": None, "plcs": []}
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from rung.daemon.journal import Entry
@@ -49,6 +49,10 @@ class Request:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    # set by adapters that are not answered over MQTT (Modbus jobs): gets the scheduler's
+    # Answer instead of the journal and the outbox
+    on_answer: Callable[[Any], object] | None = field(default=None, compare=False,
+                                                      repr=False)
 
 
 @dataclass(frozen=True)

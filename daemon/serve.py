@@ -11,17 +11,23 @@ requests stay pending in the journal), publish every recorded answer, say offlin
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import time
+from collections.abc import Coroutine
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from rung.daemon import requests as rq
 from rung.daemon.config import Config
 from rung.daemon.journal import Entry, Incoming, Journal, JournalError
 from rung.daemon.metrics import Metrics
+from rung.daemon.modbus import Link
 from rung.daemon.mqtt import MQTTLink
+from rung.daemon.plc import PlcAgent
+from rung.daemon.regmap import load_map
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
 from rung.daemon.task_runner import TaskRunner
@@ -62,8 +68,11 @@ class Service:
         self.scheduler = Scheduler(runner, self._answer, cfg.queue.max_pending,
                                    cfg.engine.max_batch,
                                    stuck_after_s=max(120.0, 2 * cfg.queue.request_timeout_s))
-        self.link = MQTTLink(cfg.mqtt, self._on_message, self._birth, self._wake_outbox,
+        self.link = MQTTLink(cfg.mqtt, self._on_message, self._birth, self._on_connect,
                              self.metrics)
+        self._links: dict[str, dict[str, Any]] = {}   # PLC link states, retained on MQTT
+        self._spawned: set[asyncio.Task[Any]] = set()
+        self.agents = [self._agent(path) for path in cfg.plcs]
         self.started = time.time()
         self._outbox_wake = asyncio.Event()
         self._outbox_idle = asyncio.Event()
@@ -72,6 +81,39 @@ class Service:
         self._direct: set[asyncio.Task[bool]] = set()
         m = runner.engine.manifest
         self.metrics.set_info(version=VERSION, engine=m.engine_id, kv_dtype=m.kv.dtype)
+
+    # -- PLCs ----------------------------------------------------------------------------
+
+    def _agent(self, path: Path) -> PlcAgent:
+        plc = load_map(path)
+        link = Link(plc, on_state=lambda state, detail: self._link_state(plc.id, state, detail))
+        m = self.cfg.modbus
+        return PlcAgent(plc, link, self.scheduler.submit, self._publish_json,
+                        self.cfg.mqtt.base_topic, m.job_timeout_s, m.reconnect_min_s,
+                        m.reconnect_max_s)
+
+    def _link_state(self, plc_id: str, state: str, detail: str | None) -> None:
+        doc = {"plc": plc_id, "state": state, "detail": detail, "since": _iso(time.time())}
+        self._links[plc_id] = doc
+        log.info("plc link", extra={"rung_fields": doc})
+        self._spawn(self._publish_json(f"{self.cfg.mqtt.base_topic}/plc/{plc_id}/link", doc,
+                                       True))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+
+    async def _publish_json(self, topic: str, doc: dict[str, Any], retain: bool) -> bool:
+        return await self.link.publish(topic, json.dumps(doc, ensure_ascii=False).encode(),
+                                       retain=retain)
+
+    def _on_connect(self) -> None:
+        """After every (re)connection: answers left over, the PLC link states."""
+        self._wake_outbox()
+        for plc_id, doc in self._links.items():
+            self._spawn(self._publish_json(f"{self.cfg.mqtt.base_topic}/plc/{plc_id}/link",
+                                           doc, True))
 
     # -- intake --------------------------------------------------------------------------
 
@@ -116,6 +158,10 @@ class Service:
 
     def _answer(self, a: Answer) -> None:
         req = a.request
+        if req.on_answer is not None:   # a Modbus job: its agent reports and answers
+            self._observe(a)
+            req.on_answer(a)
+            return
         if a.ok:
             usage = {k: a.usage.get(k) for k in ("prompt_tokens", "completion_tokens",
                                                  "cached_tokens", "ttft_ms")}
@@ -132,7 +178,10 @@ class Service:
                      if a.code == "invalid_output" else None)
             self._publish_answer(req.seq, req.reply, req.task, a.code or "internal",
                                  a.message, req.received, extra, req.session)
-        u = a.usage
+        self._observe(a)
+
+    def _observe(self, a: Answer) -> None:
+        req, u = a.request, a.usage
         ttft = u.get("ttft_ms")
         self.metrics.observe_request(
             req.task, "ok" if a.ok else (a.code or "internal"),
@@ -229,6 +278,7 @@ class Service:
         self._link_task = loop.create_task(self.link.run(), name="mqtt")
         tasks = [self.scheduler.start(), loop.create_task(self._outbox(), name="outbox"),
                  self._link_task]
+        tasks += [loop.create_task(a.run(), name=f"plc-{a.plc.id}") for a in self.agents]
         if self.cfg.metrics.port:
             self.metrics.serve(self.cfg.metrics.port, self.cfg.metrics.host)
         self._wake_outbox()
@@ -274,6 +324,8 @@ class Service:
         self.notifier.stopping("stopping: finishing the request in progress")
         log.info("stopping")
         self.link.accepting = False
+        for agent in self.agents:   # a trigger in progress stays raised in the PLC
+            await agent.stop()
         left = await self.scheduler.stop(grace_s)
         if self.link.connected:
             self._wake_outbox()

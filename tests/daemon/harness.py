@@ -121,7 +121,8 @@ class Requester:
     and its own reply topic."""
 
     def __init__(self, port: int, v5: bool = True, persistent: bool = False,
-                 client_id: str | None = None) -> None:
+                 client_id: str | None = None, topics: tuple[str, ...] = ()) -> None:
+        self.topics = topics
         self.v5 = v5
         self.replies: list[Reply] = []
         self.lock = threading.Lock()
@@ -145,12 +146,13 @@ class Requester:
             raise TimeoutError("requester did not connect")
 
     def _on_connect(self, client: mqtt.Client, *_: Any) -> None:
-        client.subscribe([(f"{BASE}/res/#", 1), (f"{BASE}/status", 1)])
+        client.subscribe([(f"{BASE}/res/#", 1), (f"{BASE}/status", 1),
+                          *((t, 1) for t in self.topics)])
         time.sleep(0.05)
         self.subscribed.set()
 
     def _on_message(self, _c: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
-        if msg.topic.endswith("/status"):
+        if msg.topic == f"{BASE}/status":
             return
         corr = getattr(msg.properties, "CorrelationData", None) if self.v5 else None
         try:
