@@ -5,8 +5,11 @@ trained) once into the cache directory, starts a private mosquitto on a free loo
 and ``rung serve`` on it, and sends held-out requests of each built-in task over MQTT: a
 Structured Text POU (rendered, parsed, identifiers checked), a fault tree (cut sets and
 top-event probability) and a diagnosis. It prints the validated replies and the daemon's
-metrics, then stops the daemon with SIGTERM and the broker. Without the shipped model (an install
-without the repository), a small random-weight model stands in and the text is noise.
+metrics. A simulated PLC (a pymodbus server with a press's register map) then raises a
+diagnosis request over the Modbus handshake; the demo shows the snapshot, the diagnosis
+published on MQTT and the result codes written back. Then SIGTERM stops the daemon. Without
+the shipped model (an install without the repository), a small random-weight model stands in
+and the text is noise.
 """
 
 from __future__ import annotations
@@ -111,10 +114,12 @@ def _summary(task: str, output: Any, validation: dict[str, Any]) -> str:
     return json.dumps(output, indent=2, ensure_ascii=False)
 
 
-def _write_config(work: Path, engine_dir: Path, port: int, metrics_port: int) -> Path:
+def _write_config(work: Path, engine_dir: Path, port: int, metrics_port: int,
+                  plc_map: Path) -> Path:
     import yaml
 
-    cfg = {"engine": {"path": str(engine_dir)},
+    cfg = {"engine": {"path": str(engine_dir)}, "plcs": [str(plc_map)],
+           "modbus": {"reconnect_min_s": 0.2, "reconnect_max_s": 2.0},
            "mqtt": {"host": "127.0.0.1", "port": port, "base_topic": BASE,
                     "client_id": "rung-demo", "reconnect_min_s": 0.2},
            "queue": {"max_pending": 32},
@@ -191,6 +196,96 @@ def _metrics(port: int) -> str:
     return "\n".join(lines)
 
 
+SHIPPED_MAP = Path(__file__).resolve().parent.parent / "configs" / "plcs" / "press1.yaml"
+
+
+def _start_plc(work: Path) -> tuple[Any, Path]:
+    """The simulated press PLC (a pymodbus server) with a plant snapshot in its registers,
+    and its register map (configs/plcs/press1.yaml, pointed at the simulator)."""
+    import yaml
+
+    from rung.configs import __file__ as configs_init
+    from rung.daemon.plcsim import SimPlcThread
+    from rung.daemon.regmap import encode_words
+
+    source = SHIPPED_MAP if SHIPPED_MAP.is_file() else (
+        Path(configs_init).parent / "plcs" / "press1.yaml")
+    plc = SimPlcThread()
+    doc = yaml.safe_load(source.read_text(encoding="utf-8"))
+    doc["transport"]["port"] = plc.sim.port
+    doc["handshake"]["poll_s"] = 0.1
+    path = work / "press1.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    plc.regs[200] = 862                                   # oil_temp 86.2 degC: alarm
+    plc.regs[201] = 4480                                  # motor_current 44.8 A: alert
+    plc.regs[202:204] = encode_words(11873, "uint32")     # running_hours
+    plc.regs[210] = 2100                                  # setpoint 210.0 bar
+    plc.sim.input[10:12] = encode_words(94.0, "float32", "CDAB")   # pressure: low alert
+    plc.sim.input[12:14] = encode_words(3.2, "float32", "ABCD")    # vibration
+    plc.sim.coil[5] = True
+    plc.sim.discrete[0] = True
+    return plc, path
+
+
+async def _watch(cfg: Any, topic: str, started: asyncio.Event,
+                 timeout: float = 600) -> dict[str, Any]:
+    import aiomqtt
+
+    from rung.daemon.mqtt import connect_args
+
+    async with aiomqtt.Client(**connect_args(cfg.mqtt), identifier="rung-demo-watch") as c:
+        await c.subscribe(topic, qos=1)
+        started.set()
+        async with asyncio.timeout(timeout):
+            async for message in c.messages:
+                if isinstance(message.payload, bytes):
+                    doc: dict[str, Any] = json.loads(message.payload)
+                    return doc
+    raise RungError(f"no message on {topic}")
+
+
+def _plc_round(cfg: Any, plc: Any) -> None:
+    """The PLC raises a request; rung diagnoses; the PLC reads the answer and clears."""
+    hs = {"req": 100, "req_seq": 101, "ack_seq": 110, "busy": 111, "done": 112, "err": 113,
+          "result": 114, "heartbeat": 115}
+
+    async def round_trip() -> dict[str, Any]:
+        started = asyncio.Event()
+        watch = asyncio.ensure_future(_watch(cfg, f"{BASE}/diag/press1/event", started))
+        await started.wait()
+        seq = plc.trigger(hs["req"], hs["req_seq"])
+        print(f"\n=== PLC press1 raises request {seq} (holding 100 req = 1, 101 req_seq = "
+              f"{seq}) over Modbus TCP", file=sys.stderr)
+        await asyncio.to_thread(plc.wait, "ack", lambda: plc.regs[hs["ack_seq"]] == seq)
+        print(f"    rung acknowledged: ack_seq = {seq}, busy = {plc.regs[hs['busy']]}",
+              file=sys.stderr)
+        return await watch
+
+    from rung.daemon.plc import ERR_CODES
+
+    event = asyncio.run(round_trip())
+    plc.wait("done", lambda: plc.regs[hs["done"]] == 1, 600)
+    err, result = plc.regs[hs["err"]], plc.regs[hs["result"]]
+    print(f"\n=== press1: diagnosis triggered by the PLC (request {event['req_seq']})")
+    print("snapshot read over Modbus: " + ", ".join(
+        f"{k} = {v}" for k, v in event["snapshot"].items()))
+    diag = event.get("diagnosis") or {}
+    if diag.get("output") is not None:
+        print(json.dumps(diag["output"], indent=2, ensure_ascii=False))
+    print(f"--- {'valid' if diag.get('ok') else 'not valid: ' + str(diag.get('error'))}")
+    ft = event.get("fault_tree")
+    if ft is not None:
+        print(f"--- fault tree: {'valid' if ft.get('ok') else 'not valid'}"
+              + (f", top event P = {ft['validation']['fault_tree'].get('top_probability')}"
+                 if ft.get("ok") else f" ({(ft.get('error') or {}).get('message')})"))
+    print(f"--- handed back to the PLC: err = {err} ({ERR_CODES.get(err, '?')}), result = "
+          f"{result} (advisory priority), done = 1, busy = {plc.regs[hs['busy']]}")
+    plc.regs[hs["req"]] = 0
+    plc.wait("done cleared", lambda: plc.regs[hs["done"]] == 0, 30)
+    print(f"    PLC cleared req, rung cleared done; heartbeat at {plc.regs[hs['heartbeat']]}",
+          file=sys.stderr)
+
+
 def run(max_tokens: int | None = None) -> int:
     """The whole loop on this machine: a private mosquitto, ``rung serve`` on the demo
     model, requests over MQTT through ``rung ask``'s client, the validated answers and the
@@ -212,11 +307,12 @@ def run(max_tokens: int | None = None) -> int:
         work = Path(tmp)
         broker = LocalBroker(work / "broker")
         broker.start()
+        plc, plc_map = _start_plc(work)
         metrics_port = free_port()
-        config = _write_config(work, engine_dir, broker.port, metrics_port)
+        config = _write_config(work, engine_dir, broker.port, metrics_port, plc_map)
         log = work / "rung.log"
-        print(f"  mosquitto on 127.0.0.1:{broker.port}; rung serve --config {config}",
-              file=sys.stderr)
+        print(f"  mosquitto on 127.0.0.1:{broker.port}; simulated PLC press1 (Modbus TCP) on "
+              f"127.0.0.1:{plc.sim.port}; rung serve --config {config}", file=sys.stderr)
         with log.open("wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "rung.daemon", "serve",
                                      "--config", str(config)], stdout=out,
@@ -225,9 +321,11 @@ def run(max_tokens: int | None = None) -> int:
             _wait_ready(proc, log)
             print(f"  daemon ready; requests go to {BASE}/req/<task>", file=sys.stderr)
             inputs = _requests()
-            replies = asyncio.run(_ask_all(load_config(config), inputs, max_tokens))
+            cfg = load_config(config)
+            replies = asyncio.run(_ask_all(cfg, inputs, max_tokens))
             for task, task_inputs in inputs.items():
                 _show(task, task_inputs, replies[task])
+            _plc_round(cfg, plc)
             print(_metrics(metrics_port), file=sys.stderr)
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(60)
@@ -238,3 +336,4 @@ def run(max_tokens: int | None = None) -> int:
                 proc.kill()
                 proc.wait(10)
             broker.stop()
+            plc.close()

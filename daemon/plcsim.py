@@ -23,13 +23,17 @@ later ``start`` listens again on the same port (TCP) or the same pty (RTU).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import select
 import threading
+import time
 import tty
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any, TypeVar
 
 from pymodbus.constants import ExcCodes
 from pymodbus.framer import FramerType
@@ -38,6 +42,8 @@ from pymodbus.server import ModbusSerialServer, ModbusTcpServer
 from pymodbus.simulator import DataType, SimData, SimDevice
 
 from rung.daemon.localbroker import free_port
+
+T = TypeVar("T")
 
 # Function code -> image table (reads and writes alike).
 TABLE_OF_FUNCTION = {1: "coil", 5: "coil", 15: "coil", 2: "discrete",
@@ -254,3 +260,47 @@ class SimPlc:
         else:
             registers[:self.size] = [int(v) for v in image]
         return None
+
+
+class SimPlcThread:
+    """A ``SimPlc`` served from an event loop in a thread of its own, for synchronous callers
+    (``rung demo``, tests driving a ``rung serve`` child process): the register image is read
+    and written directly, as the PLC program would."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="sim-plc")
+        self.thread.start()
+        self.sim = SimPlc(**kwargs)
+        self.call(self.sim.start())
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine of the simulator (``sim.stop()``, ``sim.start()``) to its end."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(20)
+
+    def close(self) -> None:
+        self.call(self.sim.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+    @property
+    def regs(self) -> list[int]:
+        """The holding registers."""
+        return self.sim.holding
+
+    def wait(self, what: str, cond: Callable[[], bool], timeout: float = 120) -> None:
+        """Poll ``cond`` until it holds; TimeoutError naming ``what`` otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"the PLC never saw {what}")
+
+    def trigger(self, req: int, req_seq: int) -> int:
+        """The PLC program raising a request: ``req_seq += 1``, ``req = 1``."""
+        self.regs[req_seq] = (self.regs[req_seq] + 1) & 0xFFFF
+        self.regs[req] = 1
+        return self.regs[req_seq]

@@ -26,6 +26,9 @@ def test_demo_from_empty_cache_then_reuses_it(tmp_path: Path) -> None:
     assert "daemon ready" in first.stderr and "=== metrics" in first.stderr
     assert "st_code     5 requests" in first.stderr
     assert "rung serve stopped on SIGTERM (exit 0)" in first.stderr
+    assert "=== press1: diagnosis triggered by the PLC" in first.stdout
+    assert "--- handed back to the PLC: err = " in first.stdout
+    assert "PLC cleared req, rung cleared done" in first.stderr
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert second.returncode == 0 and "writing ONNX graph" not in second.stderr
     assert second.stdout == first.stdout  # greedy, same engine: same answers

@@ -3,11 +3,8 @@ its own), real mosquitto, ``rung serve`` as a child process on the shipped demo 
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from rung.daemon.plcsim import SimPlc
+from rung.daemon.plcsim import SimPlcThread
 from rung.daemon.tasks import load_tasks
 from tests.daemon.harness import BASE, Broker, Daemon, Requester, write_config
 from tests.daemon.test_serve import edge_engine  # noqa: F401  (the module fixture)
@@ -24,44 +21,15 @@ pytestmark = pytest.mark.integration
 REQ, REQ_SEQ, ACK_SEQ, BUSY, DONE, ERR, RESULT, HEARTBEAT = 100, 101, 110, 111, 112, 113, 114, 115
 
 
-class PlcThread:
-    """A SimPlc served from an event loop in a background thread; its register image is
-    read and written directly by the test (the PLC program's view)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.sim = SimPlc()
-        self.call(self.sim.start())
-
-    def call(self, coro: Any) -> Any:
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return fut.result(20)
-
-    def close(self) -> None:
-        self.call(self.sim.close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
-
-    @property
-    def regs(self) -> list[int]:
-        return self.sim.holding
-
+class PlcThread(SimPlcThread):
     def wait(self, what: str, cond: Callable[[], bool], timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if cond():
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"PLC never saw {what}: handshake {self.regs[100:116]}")
+        try:
+            super().wait(what, cond, timeout)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}: handshake {self.regs[100:116]}") from None
 
-    def trigger(self) -> int:
-        """The PLC program raising a request."""
-        self.regs[REQ_SEQ] = (self.regs[REQ_SEQ] + 1) & 0xFFFF
-        self.regs[REQ] = 1
-        return self.regs[REQ_SEQ]
+    def trigger(self) -> int:  # type: ignore[override]
+        return super().trigger(REQ, REQ_SEQ)
 
 
 def _plant(plc: PlcThread) -> None:
