@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rung.daemon.modbus import Link, ModbusConfigError, ModbusError
+from rung.daemon.modbus import Link, ModbusConfigError, ModbusError, ModbusTransientError
 from rung.daemon.regmap import PlcMap
 from rung.daemon.requests import Address, Request
 from rung.daemon.scheduler import Answer
@@ -48,6 +48,7 @@ ERR_CODES = {
 _ERR_BY_CODE = {"invalid_output": ERR_ANSWER, "truncated": ERR_ANSWER, "busy": ERR_BUSY,
                 "expired": ERR_TIMEOUT, "bad_request": ERR_INPUT, "too_long": ERR_INPUT,
                 "unknown_task": ERR_INTERNAL, "internal": ERR_INTERNAL}
+SNAPSHOT_ATTEMPTS = 5
 # result register: the advisory's priority (0 when err != 0)
 PRIORITY = {"low": 1, "medium": 2, "high": 3, "critical": 4}
 
@@ -171,7 +172,7 @@ class PlcAgent:
         hs = self.plc.handshake
         await self._write_retrying([(hs.ack_seq, job.req_seq), (hs.busy, 1)])
         try:
-            job.snapshot = await self.link.read_snapshot()
+            job.snapshot = await self._snapshot()
         except ModbusError as e:
             log.warning("PLC %s: snapshot for request %d failed: %s", self.plc.id,
                         job.req_seq, e)
@@ -192,6 +193,22 @@ class PlcAgent:
         log.info("plc answered", extra={"rung_fields": {
             "plc": self.plc.id, "req_seq": job.req_seq, "err": job.err, "result": job.result,
             "resumed": job.resumed, "ms": round((time.time() - job.started) * 1000)}})
+
+    async def _snapshot(self, attempts: int = SNAPSHOT_ATTEMPTS) -> dict[str, Any]:
+        """The points, transient errors (device busy, gateway, timeouts) retried with
+        backoff; a configuration error (illegal address) at once."""
+        delay = self.backoff[0]
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self.link.read_snapshot()
+            except ModbusTransientError as e:
+                if attempt == attempts:
+                    raise
+                log.warning("PLC %s: snapshot attempt %d failed, retrying in %.1f s: %s",
+                            self.plc.id, attempt, delay, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff[1])
+        raise AssertionError("unreachable")
 
     async def _ask(self, job: Job, task: str, data: dict[str, Any]) -> int:
         """Run one task request through the shared queue, wait for its answer; the err

@@ -168,3 +168,30 @@ def test_rung_check_reads_the_plc(plant: tuple[PlcThread, Broker, Daemon, Reques
     assert down.returncode == 1
     assert any(line.startswith("FAIL plcs") and "press1" in line
                for line in down.stdout.splitlines())
+
+
+def test_device_busy_on_the_snapshot_is_retried(
+        plant: tuple[PlcThread, Broker, Daemon, Requester]) -> None:
+    plc, _, _, watcher = plant
+    plc.sim.fail_addresses("input", range(10, 14), 6)   # the pressure/vibration block
+    seq = plc.trigger()
+    plc.wait("busy", lambda: plc.regs[BUSY] == 1 or plc.regs[DONE] == 1)
+    time.sleep(0.6)
+    plc.sim.clear_failures()
+    plc.wait("done", lambda: plc.regs[DONE] == 1)
+    assert plc.regs[ERR] != 1                            # the snapshot was read in the end
+    assert len([a for a in plc.sim.log if (a.function, a.address) == (4, 10)]) >= 2
+    (event,) = _wait_event(watcher)
+    _check_event(event, seq)
+
+
+def test_illegal_address_is_reported_not_retried(
+        plant: tuple[PlcThread, Broker, Daemon, Requester]) -> None:
+    plc, _, _, watcher = plant
+    plc.sim.fail_addresses("input", range(10, 14), 2)   # the map names a missing register
+    seq = plc.trigger()
+    plc.wait("done", lambda: plc.regs[DONE] == 1, 30)
+    assert plc.regs[ERR] == 1 and plc.regs[RESULT] == 0
+    assert len([a for a in plc.sim.log if (a.function, a.address) == (4, 10)]) == 1
+    (event,) = _wait_event(watcher)
+    assert event["req_seq"] == seq and event["err"] == 1 and "diagnosis" not in event
