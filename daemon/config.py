@@ -108,7 +108,7 @@ class ModbusConfig:
 
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
-    job_timeout_s: float = 300.0   # a triggered diagnosis not answered by then: err 4
+    job_timeout_s: float = 300.0   # a triggered diagnosis not started by then: err 4
 
 
 @dataclass(frozen=True)

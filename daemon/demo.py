@@ -267,6 +267,7 @@ def _plc_round(cfg: Any, plc: Any) -> None:
     plc.wait("done", lambda: plc.regs[hs["done"]] == 1, 600)
     err, result = plc.regs[hs["err"]], plc.regs[hs["result"]]
     print(f"\n=== press1: diagnosis triggered by the PLC (request {event['req_seq']})")
+    print(f"    trigger to answer {event['ms']} ms", file=sys.stderr)
     print("snapshot read over Modbus: " + ", ".join(
         f"{k} = {v}" for k, v in event["snapshot"].items()))
     diag = event.get("diagnosis") or {}

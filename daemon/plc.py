@@ -133,8 +133,11 @@ class PlcAgent:
                 next_beat = time.monotonic() + hs.heartbeat_s
             regs = await self._read_handshake()
             self._step(regs)
-            if regs.req == 0 and regs.done == 1 and self.job is None:
-                await self.link.write_registers(hs.done, [0])   # the PLC took the answer
+            if regs.req == 0 and self.job is None:
+                if regs.done == 1:   # the PLC took the answer
+                    await self.link.write_registers(hs.done, [0])
+                elif regs.busy == 1:   # a job cut short (rung stopped), request withdrawn
+                    await self.link.write_registers(hs.busy, [0])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), hs.poll_s)
 
@@ -151,8 +154,12 @@ class PlcAgent:
 
     def _step(self, r: _Regs) -> None:
         """Start a job for a new or an interrupted request."""
-        if self.job is not None or r.req != 1 or r.done == 1:
+        if self.job is not None or r.req != 1:
             return
+        if r.done == 1 and r.ack_seq == r.req_seq:
+            return   # answered; waiting for the PLC to clear req
+        # a new req_seq while done is still 1: the PLC raised the next request before
+        # taking the last answer down; the job clears done with its acknowledgement
         resumed = r.ack_seq == r.req_seq   # acknowledged before a restart, never finished
         if resumed:
             log.warning("PLC %s: request %d was acknowledged before a restart: running it "
@@ -170,7 +177,7 @@ class PlcAgent:
 
     async def _run_job(self, job: Job) -> None:
         hs = self.plc.handshake
-        await self._write_retrying([(hs.ack_seq, job.req_seq), (hs.busy, 1)])
+        await self._write_retrying([(hs.ack_seq, job.req_seq), (hs.busy, 1), (hs.done, 0)])
         try:
             job.snapshot = await self._snapshot()
         except ModbusError as e:
@@ -267,7 +274,7 @@ class PlcAgent:
             answers[task] = ({"ok": True, "output": a.output, "validation": a.validation}
                              if a.ok else {"ok": False, "error": {"code": a.code,
                                                                   "message": a.message},
-                                           "output": a.output})
+                                           "output": a.output, "validation": a.validation})
         event = {"plc": self.plc.id, "req_seq": job.req_seq, "resumed": job.resumed,
                  "time": _iso(job.started), "ms": round((time.time() - job.started) * 1000),
                  "err": job.err, "err_text": ERR_CODES[job.err], "result": job.result,
@@ -280,9 +287,8 @@ class PlcAgent:
             last["actions"] = out.get("advisory", {}).get("actions")
             last["faults"] = [h.get("fault") for h in out.get("health_assessment", [])]
         base = f"{self.base}/diag/{self.plc.id}"
-        if not await self.publish(f"{base}/event", event, False):
-            log.warning("PLC %s: event for request %d not published (broker down)",
-                        self.plc.id, job.req_seq)
+        # the publisher keeps what the broker did not take and sends it after reconnect
+        await self.publish(f"{base}/event", event, False)
         await self.publish(f"{base}/last", last, True)
 
     async def _write_retrying(self, writes: list[tuple[int, int]]) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rung.daemon import requests as rq
-from rung.daemon.config import Config
+from rung.daemon.config import Config, ConfigError
 from rung.daemon.journal import Entry, Incoming, Journal, JournalError
 from rung.daemon.metrics import Metrics
 from rung.daemon.modbus import Link
@@ -72,7 +72,13 @@ class Service:
                              self.metrics)
         self._links: dict[str, dict[str, Any]] = {}   # PLC link states, retained on MQTT
         self._spawned: set[asyncio.Task[Any]] = set()
+        self._held: list[tuple[str, bytes, bool]] = []
         self.agents = [self._agent(path) for path in cfg.plcs]
+        ids = [a.plc.id for a in self.agents]
+        dup = next((i for i in ids if ids.count(i) > 1), None)
+        if dup is not None:
+            raise ConfigError(f"plcs: two register maps use the id {dup!r}",
+                              "give every PLC its own id (it names its MQTT topics)")
         self.started = time.time()
         self._outbox_wake = asyncio.Event()
         self._outbox_idle = asyncio.Event()
@@ -105,12 +111,29 @@ class Service:
         task.add_done_callback(self._spawned.discard)
 
     async def _publish_json(self, topic: str, doc: dict[str, Any], retain: bool) -> bool:
-        return await self.link.publish(topic, json.dumps(doc, ensure_ascii=False).encode(),
-                                       retain=retain)
+        """Publish now, or keep it (in memory) for the next connection: PLC events and
+        link states are not lost to a broker outage (retained topics keep the newest)."""
+        payload = json.dumps(doc, ensure_ascii=False).encode()
+        if await self.link.publish(topic, payload, retain=retain):
+            return True
+        if retain:
+            self._held = [h for h in self._held if h[0] != topic]
+        self._held.append((topic, payload, retain))
+        del self._held[:-1000]   # a bounded backlog: the oldest events go first
+        log.warning("broker down: %s held for the next connection", topic)
+        return False
+
+    async def _flush_held(self) -> None:
+        held, self._held = self._held, []
+        for i, (topic, payload, retain) in enumerate(held):
+            if not await self.link.publish(topic, payload, retain=retain):
+                self._held = held[i:] + self._held
+                return
 
     def _on_connect(self) -> None:
-        """After every (re)connection: answers left over, the PLC link states."""
+        """After every (re)connection: answers left over, held PLC events, link states."""
         self._wake_outbox()
+        self._spawn(self._flush_held())
         for plc_id, doc in self._links.items():
             self._spawn(self._publish_json(f"{self.cfg.mqtt.base_topic}/plc/{plc_id}/link",
                                            doc, True))

@@ -195,3 +195,36 @@ def test_illegal_address_is_reported_not_retried(
     assert len([a for a in plc.sim.log if (a.function, a.address) == (4, 10)]) == 1
     (event,) = _wait_event(watcher)
     assert event["req_seq"] == seq and event["err"] == 1 and "diagnosis" not in event
+
+
+def test_next_request_while_done_is_still_up(
+        plant: tuple[PlcThread, Broker, Daemon, Requester]) -> None:
+    plc, _, _, watcher = plant
+    first = plc.trigger()
+    plc.wait("done", lambda: plc.regs[DONE] == 1 and plc.regs[ACK_SEQ] == first)
+    second = plc.trigger()               # req stays 1, req_seq moves on
+    plc.wait("the second request taken", lambda: plc.regs[ACK_SEQ] == second)
+    plc.wait("done for the second", lambda: plc.regs[DONE] == 1 and plc.regs[BUSY] == 0)
+    assert [e["req_seq"] for e in _wait_event(watcher, 2)] == [first, second]
+
+
+def test_withdrawn_request_after_a_crash_clears_busy(
+        plant: tuple[PlcThread, Broker, Daemon, Requester]) -> None:
+    plc, _, daemon, watcher = plant
+    plc.trigger()
+    plc.wait("busy", lambda: plc.regs[BUSY] == 1)
+    daemon.kill9()
+    plc.regs[REQ] = 0                    # the PLC gave up on it
+    daemon.start()
+    plc.wait("busy cleared", lambda: plc.regs[BUSY] == 0, 30)
+    assert plc.regs[DONE] == 0 and not _events(watcher, "/diag/press1/event")
+
+
+def test_two_maps_with_one_id_are_refused(tmp_path: Path, edge_engine: Path  # noqa: F811
+                                          ) -> None:
+    from tests.daemon.test_serve import rung_cli
+
+    source = Path(__file__).resolve().parents[2] / "configs" / "plcs" / "press1.yaml"
+    config = write_config(tmp_path, edge_engine, 1883, plcs=[str(source), str(source)])
+    out = rung_cli("serve", "--config", str(config), timeout=60)
+    assert out.returncode == 1 and "two register maps use the id 'press1'" in out.stderr
