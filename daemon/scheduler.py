@@ -1,25 +1,32 @@
 """The scheduler: one bounded queue in front of the one task that owns the engine.
 
 Adapters ``submit`` parsed requests; a full queue refuses at once (the adapter answers
-``busy``). ``run`` takes up to ``max_batch`` waiting requests, answers ``expired`` for those
-past their deadline, and generates the rest as one batch in a worker thread, so the event
-loop keeps serving MQTT, metrics and the watchdog while the engine works. Every request
-leaves through ``answer`` exactly once.
+``busy``). ``run`` keeps a continuous batch (``engines.batch``): between engine steps,
+waiting requests join free rows (those past their deadline are answered ``expired``) and
+finished sequences leave and are answered, so a request never waits for a whole batch.
+The steps run in one worker thread, so the event loop keeps serving MQTT, Modbus, metrics
+and the watchdog while the engine works. Every request leaves through ``answer`` exactly
+once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rung.daemon.requests import Request
-from rung.daemon.task_runner import TaskResult, TaskRunner
+from rung.daemon.task_runner import Prepared, TaskResult, TaskRunner
+from rung.engines.errors import RungError
+from rung.engines.generate import Generation
+from rung.engines.grammar import Constraint
 from rung.engines.sampler import SamplingParams
 
 log = logging.getLogger("rung.scheduler")
@@ -42,25 +49,54 @@ class Answer:
 AnswerFn = Callable[[Answer], None]
 
 
+class Decoder(Protocol):
+    """What the scheduler drives (``engines.batch.BatchDecoder``)."""
+
+    @property
+    def free(self) -> int: ...
+    @property
+    def active(self) -> int: ...
+    def add(self, tag: Hashable, prompt: Sequence[int], params: SamplingParams,
+            constraint: Constraint | None = None) -> int: ...
+    def run(self, interrupt: threading.Event | None = None,
+            max_steps: int = 1_000_000) -> list[tuple[Hashable, Generation]]: ...
+
+
 class Scheduler:
-    """Owns a ``TaskRunner``; answers through ``answer`` (called on the event loop)."""
+    """Owns a ``TaskRunner`` and a continuous batch of ``max_batch`` rows; answers through
+    ``answer`` (called on the event loop)."""
 
     def __init__(self, runner: TaskRunner, answer: AnswerFn, max_pending: int,
-                 max_batch: int = 1, stuck_after_s: float = 600.0) -> None:
+                 max_batch: int = 1, stuck_after_s: float = 600.0,
+                 make_decoder: Callable[[int], Decoder] | None = None) -> None:
         self.runner, self.answer = runner, answer
         self.max_pending, self.max_batch = max_pending, max_batch
         self.stuck_after_s = stuck_after_s
+        self.make_decoder = make_decoder or self._batch_decoder
+        self.decoder = self.make_decoder(max_batch)
         self.queue: deque[Request] = deque()
-        self.inflight = 0
         self.busy_since: float | None = None
+        self._inflight: dict[Hashable, tuple[Request, Prepared]] = {}
+        self._tags = itertools.count()
         self._wake = asyncio.Event()
+        self._arrived = threading.Event()   # tells the engine thread a row can be filled
         self._stopping = False
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rung-engine")
         self._task: asyncio.Task[None] | None = None
 
+    def _batch_decoder(self, rows: int) -> Decoder:
+        from rung.engines.batch import BatchDecoder
+
+        r = self.runner
+        return BatchDecoder(r.engine, r.tokenizer, rows, r.prefix)
+
     @property
     def depth(self) -> int:
         return len(self.queue)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
 
     def submit(self, request: Request, recovered: bool = False) -> bool:
         """Queue a request; False when the queue is full or intake has stopped (a request
@@ -69,6 +105,8 @@ class Scheduler:
             return False
         self.queue.append(request)
         self._wake.set()
+        if self.decoder.free:
+            self._arrived.set()
         return True
 
     def start(self) -> asyncio.Task[None]:
@@ -76,56 +114,73 @@ class Scheduler:
         return self._task
 
     async def run(self) -> None:
-        """The engine loop: pick -> expire -> generate (worker thread) -> answer."""
+        """The engine loop: admit into free rows -> steps in the engine thread until a
+        sequence finishes or a request waits for a free row -> answer the finished."""
         loop = asyncio.get_running_loop()
-        while not self._stopping:
-            if not self.queue:
+        while not (self._stopping and not self._inflight):
+            if not self._stopping:
+                self._admit()
+            if not self._inflight:
                 self._wake.clear()
-                await self._wake.wait()
+                if not self.queue:
+                    await self._wake.wait()
                 continue
-            batch = self._pick()
-            if not batch:
-                continue
-            self.inflight, self.busy_since = len(batch), time.monotonic()
+            self._arrived.clear()
+            self.busy_since = time.monotonic()
             try:
-                results = await loop.run_in_executor(self._pool, self._generate, batch)
+                done = await loop.run_in_executor(self._pool, self.decoder.run, self._arrived)
             except Exception as e:  # an engine failure answers the batch, the loop goes on
                 log.exception("generation failed")
-                results = [TaskResult(r.task, False, None, None, {
-                    "code": "internal", "message": f"{type(e).__name__}: {e}"}, None)
-                    for r in batch]
+                self._fail_inflight(f"{type(e).__name__}: {e}")
+                continue
             finally:
-                self.inflight, self.busy_since = 0, None
-            if len(results) != len(batch):   # never leave a request without its answer
-                log.error("runner returned %d results for %d requests", len(results),
-                          len(batch))
-                results = [TaskResult(r.task, False, None, None, {
-                    "code": "internal", "message": "no result from the engine"}, None)
-                    for r in batch]
-            for req, res in zip(batch, results, strict=True):
-                try:
-                    self.answer(_answer(req, res))
-                except Exception:   # a failed answer must not stop the engine loop
-                    log.exception("answering request %d failed", req.seq)
+                self.busy_since = None
+            for tag, gen in done:
+                req, prepared = self._inflight.pop(tag)
+                self._reply(req, self.runner.finish(prepared, gen))
 
-    def _pick(self) -> list[Request]:
-        batch: list[Request] = []
+    def _admit(self) -> None:
         now = time.time()
-        while self.queue and len(batch) < self.max_batch:
+        while self.queue and self.decoder.free:
             req = self.queue.popleft()
             if now > req.deadline:
-                self.answer(Answer(req, False, "expired", f"deadline passed "
-                                   f"{now - req.deadline:.1f} s before the request was "
-                                   "started (message expiry or queue.request_timeout_s)"))
-            else:
-                batch.append(req)
-        return batch
+                self._reply_answer(Answer(req, False, "expired", f"deadline passed "
+                                          f"{now - req.deadline:.1f} s before the request "
+                                          "was started (message expiry or "
+                                          "queue.request_timeout_s)"))
+                continue
+            params = SamplingParams(temperature=req.temperature, top_p=req.top_p,
+                                    top_k=req.top_k, seed=req.seed)
+            prepared = self.runner.prepare(req.task, req.input, params, req.max_tokens)
+            if isinstance(prepared, TaskResult):
+                self._reply(req, prepared)
+                continue
+            tag = next(self._tags)
+            try:
+                self.decoder.add(tag, prepared.ids, prepared.params, prepared.constraint)
+            except RungError as e:
+                self._reply(req, TaskResult(req.task, False, None, None,
+                                            {"code": "too_long", "message": e.message}, None))
+                continue
+            self._inflight[tag] = (req, prepared)
 
-    def _generate(self, batch: list[Request]) -> list[TaskResult]:
-        params = [SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                 seed=r.seed) for r in batch]
-        return self.runner.run([(r.task, r.input) for r in batch], params,
-                               [r.max_tokens for r in batch])
+    def _fail_inflight(self, message: str) -> None:
+        """Every request in the batch answered ``internal``; a fresh batch (its KV state
+        is unknown after a failed step)."""
+        failed, self._inflight = self._inflight, {}
+        self.decoder = self.make_decoder(self.max_batch)
+        for req, _ in failed.values():
+            self._reply(req, TaskResult(req.task, False, None, None,
+                                        {"code": "internal", "message": message}, None))
+
+    def _reply(self, req: Request, res: TaskResult) -> None:
+        self._reply_answer(_answer(req, res))
+
+    def _reply_answer(self, answer: Answer) -> None:
+        try:
+            self.answer(answer)
+        except Exception:   # a failed answer must not stop the engine loop
+            log.exception("answering request %d failed", answer.request.seq)
 
     def liveness(self) -> str | None:
         """None when healthy, else why not (for the systemd watchdog)."""
@@ -134,12 +189,13 @@ class Scheduler:
         if self.busy_since is not None:
             busy = time.monotonic() - self.busy_since
             if busy > self.stuck_after_s:
-                return f"one generation has run for {busy:.0f} s"
+                return f"the engine has not finished a sequence in {busy:.0f} s"
         return None
 
     async def stop(self, grace_s: float) -> int:
-        """Stop intake and wait (up to ``grace_s``) for the batch in progress; returns how
-        many queued requests are left for the journal to carry over a restart."""
+        """Stop intake, let the sequences being generated finish (up to ``grace_s``);
+        returns how many queued requests are left for the journal to carry over a
+        restart."""
         self._stopping = True
         self._wake.set()
         if self._task is not None:

@@ -33,6 +33,17 @@ class TaskResult:
     generation: Generation | None
 
 
+@dataclass
+class Prepared:
+    """A checked request, ready to generate."""
+
+    task: Task
+    data: Any
+    ids: list[int]
+    constraint: Constraint
+    params: SamplingParams
+
+
 def _fail(task: str, code: str, message: str,
           generation: Generation | None = None) -> TaskResult:
     return TaskResult(task, False, None, None, {"code": code, "message": message}, generation)
@@ -56,6 +67,37 @@ class TaskRunner:
             except GrammarError as e:
                 raise TaskError(f"{task.path}: key 'output_schema': {e.message}", e.hint) from e
 
+    def prepare(self, name: str, data: Any, params: SamplingParams,
+                max_tokens: int | None = None) -> Prepared | TaskResult:
+        """Check a request and build what generation needs: its prompt ids, its grammar
+        constraint and its sampling; or the failed ``TaskResult`` (``unknown_task``,
+        ``bad_request``, ``too_long``)."""
+        task = self.tasks.get(name)
+        if task is None:
+            return _fail(name, "unknown_task", f"no task named {name!r}")
+        try:
+            task.check_input(data)
+            ids = self.prompt_ids(task, data)
+            row_params = replace(params, stop=(), max_tokens=min(
+                max_tokens or task.max_tokens, task.max_tokens))
+        except (TaskError, TokenizerError, GenerationError) as e:
+            return _fail(name, "bad_request", e.message)
+        max_seq = self.engine.manifest.dims.max_seq
+        if len(ids) >= max_seq:
+            return _fail(name, "too_long", f"prompt of {len(ids)} tokens does not fit the "
+                         f"engine's context of {max_seq}")
+        return Prepared(task, data, ids, self.compiler.constraint(self.grammars[name]),
+                        row_params)
+
+    def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:
+        """Parse and validate a finished generation (a validator bug answers
+        ``internal``, never loses the request)."""
+        try:
+            return self._finish(prepared.task, prepared.data, gen, prepared.constraint)
+        except Exception as e:
+            return _fail(prepared.task.name, "internal",
+                         f"validation failed: {type(e).__name__}: {e}", gen)
+
     def run(self, requests: Sequence[tuple[str, Any]],
             params: SamplingParams | Sequence[SamplingParams],
             max_tokens: int | None | Sequence[int | None] = None) -> list[TaskResult]:
@@ -67,45 +109,27 @@ class TaskRunner:
         caps = (list(max_tokens) if isinstance(max_tokens, Sequence)
                 else [max_tokens] * len(requests))
         results: list[TaskResult | None] = []
-        prompts, constraints, todo, per_row = [], [], [], []
-        max_seq = self.engine.manifest.dims.max_seq
+        todo: list[Prepared] = []
+        slots: list[int] = []
         for (name, data), req_params, cap in zip(requests, all_params, caps, strict=True):
-            task = self.tasks.get(name)
-            if task is None:
-                results.append(_fail(name, "unknown_task", f"no task named {name!r}"))
-                continue
-            try:
-                task.check_input(data)
-                ids = self.prompt_ids(task, data)
-                row_params = replace(req_params, stop=(), max_tokens=min(
-                    cap or task.max_tokens, task.max_tokens))
-            except (TaskError, TokenizerError, GenerationError) as e:
-                results.append(_fail(name, "bad_request", e.message))
-                continue
-            if len(ids) >= max_seq:
-                results.append(_fail(name, "too_long", f"prompt of {len(ids)} tokens does not "
-                                     f"fit the engine's context of {max_seq}"))
+            p = self.prepare(name, data, req_params, cap)
+            if isinstance(p, TaskResult):
+                results.append(p)
                 continue
             results.append(None)
-            prompts.append(ids)
-            constraints.append(self.compiler.constraint(self.grammars[name]))
-            todo.append(len(results) - 1)
-            per_row.append(row_params)
-        if prompts:
+            todo.append(p)
+            slots.append(len(results) - 1)
+        if todo:
             try:
-                gens = generate(self.engine, self.tokenizer, prompts, per_row,
-                                constraints=constraints, prefix=self.prefix)
+                gens = generate(self.engine, self.tokenizer, [p.ids for p in todo],
+                                [p.params for p in todo],
+                                constraints=[p.constraint for p in todo], prefix=self.prefix)
             except RungError as e:  # one failed step answers every row of the batch
-                for slot in todo:
+                for slot in slots:
                     results[slot] = _fail(requests[slot][0], "internal", str(e))
                 return [r for r in results if r is not None]
-            for slot, gen, cons in zip(todo, gens, constraints, strict=True):
-                name, data = requests[slot]
-                try:
-                    results[slot] = self._finish(self.tasks[name], data, gen, cons)
-                except Exception as e:  # a validator bug must not lose the answer's slot
-                    results[slot] = _fail(name, "internal",
-                                          f"validation failed: {type(e).__name__}: {e}", gen)
+            for slot, p, gen in zip(slots, todo, gens, strict=True):
+                results[slot] = self.finish(p, gen)
         return [r for r in results if r is not None]
 
     def prompt_ids(self, task: Task, data: Any) -> list[int]:

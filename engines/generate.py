@@ -43,7 +43,9 @@ class Generation:
 
 
 @dataclass
-class _Row:
+class Row:
+    """One sequence's decoding state (shared by ``generate`` and ``batch.BatchDecoder``)."""
+
     sampler: Sampler
     stream: StreamDecoder
     stop: StopChecker
@@ -106,11 +108,8 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
     if len(per_row) != len(prompts) or (constraints is not None
                                         and len(constraints) != len(prompts)):
         raise GenerationError("params/constraints must match the prompts one to one")
-    eos = frozenset(tokenizer.eos_token_ids)
-    rows = [_Row(Sampler(pr), tokenizer.stream(),
-                 StopChecker(eos, pr.stop, min(pr.max_tokens, max_seq - len(p))),
-                 [], eos, max((len(s) for s in pr.stop), default=1) - 1,
-                 None if constraints is None else constraints[i])
+    rows = [new_row(tokenizer, pr, max_seq - len(p),
+                    None if constraints is None else constraints[i])
             for i, (p, pr) in enumerate(zip(prompts, per_row, strict=True))]
     t0 = time.perf_counter()  # time to first token includes restoring cached KV
     if prefix is not None:
@@ -126,7 +125,7 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
     while True:
         for b, row in enumerate(rows):
             if row.finish is None:
-                _advance(row, logits[b, -1], b, on_text)
+                advance(row, logits[b, -1], b, on_text)
         if not t_first:
             t_first = time.perf_counter()
         if all(r.finish is not None for r in rows):
@@ -139,7 +138,7 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
     if engine.ffn_skips is not None and skips0 is not None and engine.ffn_steps > steps0:
         ratio = float((engine.ffn_skips - skips0).sum()
                       / ((engine.ffn_steps - steps0) * len(skips0)))
-    out = [_result(row, len(p), t0, t_first, t_end) for row, p in zip(rows, prompts,
+    out = [row_result(row, len(p), t0, t_first, t_end) for row, p in zip(rows, prompts,
                                                                        strict=True)]
     for b, g in enumerate(out):
         g.ffn_skip_ratio = ratio
@@ -149,8 +148,18 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
     return out
 
 
-def _advance(row: _Row, logits: np.ndarray, b: int,
-             on_text: Callable[[int, str], None] | None) -> None:
+def new_row(tokenizer: Tokenizer, params: SamplingParams, room: int,
+            constraint: Constraint | None = None) -> Row:
+    """The state of a sequence with ``room`` positions left in its context."""
+    eos = frozenset(tokenizer.eos_token_ids)
+    return Row(Sampler(params), tokenizer.stream(),
+               StopChecker(eos, params.stop, min(params.max_tokens, room)), [], eos,
+               max((len(s) for s in params.stop), default=1) - 1, constraint)
+
+
+def advance(row: Row, logits: np.ndarray, b: int,
+            on_text: Callable[[int, str], None] | None) -> None:
+    """Sample the row's next token from ``logits`` [V] and run its stop checks."""
     if row.constraint is None:
         tok = row.sampler.sample(logits)
     else:
@@ -171,7 +180,7 @@ def _advance(row: _Row, logits: np.ndarray, b: int,
         row.emitted = safe
 
 
-def _result(row: _Row, prompt_len: int, t0: float, t_first: float, t_end: float) -> Generation:
+def row_result(row: Row, prompt_len: int, t0: float, t_first: float, t_end: float) -> Generation:
     n = len(row.token_ids)
     decode_s = t_end - t_first
     return Generation(prompt_tokens=prompt_len, token_ids=row.token_ids, text=row.text,

@@ -28,9 +28,9 @@ BASE = "v1/test/plant/line/rung/node1"
 Broker = LocalBroker
 
 
-def write_config(root: Path, engine: Path, port: int, **sections: Any) -> Path:
+def write_config(root: Path, engine_dir: Path, port: int, **sections: Any) -> Path:
     cfg: dict[str, Any] = {
-        "engine": {"path": str(engine), "threads": 1},
+        "engine": {"path": str(engine_dir), "threads": 1},
         "mqtt": {"host": "127.0.0.1", "port": port, "base_topic": BASE,
                  "client_id": f"rung-test-{uuid.uuid4().hex[:8]}", "reconnect_min_s": 0.2,
                  "reconnect_max_s": 1.0},

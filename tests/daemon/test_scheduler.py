@@ -1,5 +1,6 @@
-"""The scheduler in front of the engine, driven with a fake runner (the scheduler's own logic
-is the subject: queue bound, expiry, batching, failures, stop, liveness)."""
+"""The scheduler in front of the engine, driven with a fake runner and decoder (the
+scheduler's own logic is the subject: queue bound, expiry, batching, failures, stop,
+liveness; tests/engines/test_batch.py runs the real continuous batch)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,21 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from rung.daemon.requests import Address, Request
 from rung.daemon.scheduler import Answer, Scheduler
-from rung.daemon.task_runner import TaskResult
+from rung.daemon.task_runner import Prepared, TaskResult
 from rung.engines.generate import Generation
 from rung.engines.sampler import SamplingParams
 
 
 class FakeRunner:
-    """Echoes each input; ``{"boom": True}`` in a batch raises; ``gate`` holds a batch."""
+    """Echoes each input; ``{"boom": True}`` in a batch makes the engine step raise; ``gate``
+    holds a step until the test opens it. Each ``run`` of its decoder finishes every
+    sequence in the batch (so batches are visible as they were admitted)."""
 
     def __init__(self, gate: threading.Event | None = None) -> None:
         self.batches: list[list[tuple[str, Any]]] = []
@@ -26,25 +30,63 @@ class FakeRunner:
         self.max_tokens: list[int | None] = []
         self.gate = gate
 
-    def run(self, requests: Sequence[tuple[str, Any]], params: Sequence[SamplingParams],
-            max_tokens: Sequence[int | None]) -> list[TaskResult]:
-        self.batches.append(list(requests))
-        self.params.extend(params)
-        self.max_tokens.extend(max_tokens)
-        if self.gate is not None:
-            assert self.gate.wait(5.0), "test never opened the gate"
-        if any(data.get("boom") for _, data in requests):
+    def prepare(self, name: str, data: Any, params: SamplingParams,
+                max_tokens: int | None = None) -> Prepared | TaskResult:
+        self.params.append(params)
+        self.max_tokens.append(max_tokens)
+        task = SimpleNamespace(name=name)
+        return Prepared(task, data, [1, 2, 3], None, params)  # type: ignore[arg-type]
+
+    def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:
+        name, data = prepared.task.name, prepared.data
+        if data.get("invalid"):
+            return TaskResult(name, False, None, None,
+                              {"code": "invalid_output", "message": "schema"}, None)
+        return TaskResult(name, True, {"echo": data}, {"ok": True}, None, gen)
+
+    def decoder(self, rows: int) -> FakeDecoder:
+        return FakeDecoder(self, rows)
+
+
+class FakeDecoder:
+    def __init__(self, runner: FakeRunner, rows: int) -> None:
+        self.runner, self.rows = runner, rows
+        self.seqs: dict[Hashable, Any] = {}
+
+    @property
+    def free(self) -> int:
+        return self.rows - len(self.seqs)
+
+    @property
+    def active(self) -> int:
+        return len(self.seqs)
+
+    def add(self, tag: Hashable, prompt: Sequence[int], params: SamplingParams,
+            constraint: Any = None) -> int:
+        self.seqs[tag] = params
+        return len(self.seqs) - 1
+
+    def run(self, interrupt: threading.Event | None = None,
+            max_steps: int = 1_000_000) -> list[tuple[Hashable, Generation]]:
+        sched = self.runner.scheduler
+        batch = [sched._inflight[t][1] for t in self.seqs]
+        self.runner.batches.append([(p.task.name, p.data) for p in batch])
+        if self.runner.gate is not None:
+            assert self.runner.gate.wait(5.0), "test never opened the gate"
+        if any(p.data.get("boom") for p in batch):
             raise RuntimeError("engine fell over")
-        out = []
-        for task, data in requests:
-            if data.get("invalid"):
-                out.append(TaskResult(task, False, None, None,
-                                      {"code": "invalid_output", "message": "schema"}, None))
-            else:
-                gen = Generation(prompt_tokens=12, token_ids=[1, 2, 3], text="", ttft_ms=8.04,
-                                 finish_reason="stop", decode_tok_s=40.06, cached_tokens=4)
-                out.append(TaskResult(task, True, {"echo": data}, {"ok": True}, None, gen))
-        return out
+        done = [(t, Generation(prompt_tokens=12, token_ids=[1, 2, 3], text="", ttft_ms=8.04,
+                               finish_reason="stop", decode_tok_s=40.06, cached_tokens=4))
+                for t in self.seqs]
+        self.seqs = {}
+        return done
+
+
+def _sched(runner: FakeRunner, answers: list[Answer], **kw: Any) -> Scheduler:
+    s = Scheduler(runner, answers.append, make_decoder=runner.decoder,  # type: ignore[arg-type]
+                  **kw)
+    runner.scheduler = s
+    return s
 
 
 def _req(seq: int, data: dict[str, Any] | None = None, deadline_in: float = 60.0,
@@ -71,7 +113,7 @@ def _run(body: Callable[[], Awaitable[None]]) -> None:
 def test_full_queue_refuses_but_recovered_fits() -> None:
     async def body() -> None:
         answers: list[Answer] = []
-        s = Scheduler(FakeRunner(), answers.append, max_pending=2)
+        s = _sched(FakeRunner(), answers, max_pending=2)
         assert s.submit(_req(1)) and s.submit(_req(2))
         assert s.submit(_req(3)) is False
         assert s.submit(_req(4), recovered=True) is True
@@ -84,7 +126,7 @@ def test_expired_requests_are_answered_without_running() -> None:
     async def body() -> None:
         answers: list[Answer] = []
         runner = FakeRunner()
-        s = Scheduler(runner, answers.append, max_pending=10, max_batch=4)
+        s = _sched(runner, answers, max_pending=10, max_batch=4)
         s.submit(_req(1, deadline_in=-5.0))
         s.submit(_req(2))
         s.submit(_req(3, deadline_in=-0.5))
@@ -104,7 +146,7 @@ def test_batches_up_to_max_batch_with_per_request_params() -> None:
     async def body() -> None:
         answers: list[Answer] = []
         runner = FakeRunner()
-        s = Scheduler(runner, answers.append, max_pending=20, max_batch=3)
+        s = _sched(runner, answers, max_pending=20, max_batch=3)
         for i in range(7):
             s.submit(_req(i, max_tokens=10 + i, temperature=0.1 * i, top_k=i, seed=100 + i))
         s.start()
@@ -126,7 +168,7 @@ def test_runner_failure_answers_the_batch_internal_and_goes_on() -> None:
     async def body() -> None:
         answers: list[Answer] = []
         runner = FakeRunner()
-        s = Scheduler(runner, answers.append, max_pending=10, max_batch=2)
+        s = _sched(runner, answers, max_pending=10, max_batch=2)
         s.submit(_req(1))
         s.submit(_req(2, {"boom": True}))
         s.submit(_req(3, {"invalid": True}))
@@ -147,7 +189,7 @@ def test_runner_failure_answers_the_batch_internal_and_goes_on() -> None:
 def test_every_request_is_answered_exactly_once() -> None:
     async def body() -> None:
         answers: list[Answer] = []
-        s = Scheduler(FakeRunner(), answers.append, max_pending=100, max_batch=4)
+        s = _sched(FakeRunner(), answers, max_pending=100, max_batch=4)
         s.start()
         for i in range(40):
             data = {"boom": True} if i % 11 == 5 else {"invalid": True} if i % 7 == 3 else None
@@ -168,7 +210,7 @@ def test_stop_ends_intake_and_reports_what_is_left() -> None:
         answers: list[Answer] = []
         gate = threading.Event()
         runner = FakeRunner(gate)
-        s = Scheduler(runner, answers.append, max_pending=10, max_batch=1)
+        s = _sched(runner, answers, max_pending=10, max_batch=1)
         for i in range(3):
             s.submit(_req(i))
         s.start()
@@ -188,7 +230,7 @@ def test_stop_gives_up_waiting_after_the_grace() -> None:
     async def body() -> None:
         answers: list[Answer] = []
         gate = threading.Event()
-        s = Scheduler(FakeRunner(gate), answers.append, max_pending=10, max_batch=1)
+        s = _sched(FakeRunner(gate), answers, max_pending=10, max_batch=1)
         s.submit(_req(1))
         s.submit(_req(2))
         task = s.start()
@@ -206,7 +248,7 @@ def test_liveness_reports_a_stuck_generation() -> None:
     async def body() -> None:
         answers: list[Answer] = []
         gate = threading.Event()
-        s = Scheduler(FakeRunner(gate), answers.append, max_pending=10,
+        s = _sched(FakeRunner(gate), answers, max_pending=10,
                       stuck_after_s=0.05)
         assert s.liveness() is None
         s.start()
@@ -215,7 +257,7 @@ def test_liveness_reports_a_stuck_generation() -> None:
         await _until(lambda: s.inflight == 1)
         await asyncio.sleep(0.1)
         why = s.liveness()
-        assert why is not None and why.startswith("one generation has run for")
+        assert why is not None and why.startswith("the engine has not finished a sequence")
         gate.set()
         await _until(lambda: len(answers) == 1)
         assert s.liveness() is None and s.inflight == 0 and s.busy_since is None

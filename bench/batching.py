@@ -1,0 +1,99 @@
+"""Throughput of continuous batching: N concurrent requests decoded together.
+
+    .venv/bin/python bench/batching.py [--preset qwen2.5-0.5b] [--kind rung] [--tokens 64]
+                                       [--prompt 128] [--concurrency 1,2,4,8] [--threads 2]
+
+For each N, N sequences with different random prompts of ``--prompt`` tokens join a
+``BatchDecoder`` of N rows (the scheduler's engine loop) and each generates ``--tokens``
+tokens (greedy; random weights make an early end-of-sequence rare, and the count is of the
+tokens actually generated). Reports aggregate decode tokens/s (all rows together, prefill
+excluded), per-sequence tokens/s, and the ratio to N = 1. One engine, loaded once, in this
+process. Writes ``bench/results/<date>-batching-<preset>.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import artifacts
+import machine
+import numpy as np
+import report
+
+from rung.engines import load_engine
+from rung.engines.batch import BatchDecoder
+from rung.engines.onnx_engine import EngineOptions
+from rung.engines.sampler import SamplingParams
+from rung.engines.tokenizer import Tokenizer
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def measure(engine: Any, tok: Tokenizer, n: int, prompt: int, tokens: int) -> dict[str, Any]:
+    rng = np.random.default_rng(n)
+    vocab = engine.manifest.dims.vocab_size
+    dec = BatchDecoder(engine, tok, rows=n)
+    for i in range(n):
+        dec.add(i, rng.integers(10, vocab - 10, prompt).tolist(),
+                SamplingParams(max_tokens=tokens))
+    dec.step()                                  # the prefill of every row, together
+    t0 = time.perf_counter()
+    generated = n                               # the prefill step sampled one token per row
+    steps = 0
+    while dec.active:
+        done = dec.step()
+        steps += 1
+        generated += dec.active + len(done)
+    dt = time.perf_counter() - t0
+    decoded = generated - n
+    return {"n": n, "steps": steps, "seconds": round(dt, 3),
+            "aggregate_tok_s": round(decoded / dt, 2),
+            "per_sequence_tok_s": round(decoded / dt / n, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="qwen2.5-0.5b")
+    ap.add_argument("--kind", default="rung", help="bench artifact (rung, rung-kv8, ...)")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    art = artifacts.locate(args.preset)
+    artifacts.build(art, "hf")
+    artifacts.build(art, args.kind)
+    path = art.path(args.kind)
+    engine = load_engine(path, "onnx", EngineOptions(threads=args.threads))
+    tok = Tokenizer.load(path, engine.manifest.tokenizer)
+    measure(engine, tok, 1, 16, 4)              # warm-up
+    rows = [measure(engine, tok, int(n), args.prompt, args.tokens)
+            for n in args.concurrency.split(",")]
+    base = rows[0]["aggregate_tok_s"]
+    for r in rows:
+        r["ratio_to_1"] = round(r["aggregate_tok_s"] / base, 2)
+    cmd = "python bench/batching.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    record = {"stamp": time.strftime("%Y-%m-%d") + f"-batching-{args.preset}",
+              "command": cmd.strip(), "machine": machine.machine_info(),
+              "engine": args.kind, "preset": args.preset, "threads": args.threads,
+              "prompt": args.prompt, "tokens": args.tokens, "rows": rows}
+    md = [f"Continuous batching, {args.preset} ({args.kind}), {args.threads} threads, "
+          f"{args.prompt}-token prompts, {args.tokens} tokens each; `{record['command']}`",
+          "", "| concurrent | aggregate decode tok/s | per sequence tok/s | ratio to 1 |",
+          "|---|---|---|---|"]
+    md += [f"| {r['n']} | {r['aggregate_tok_s']} | {r['per_sequence_tok_s']} | "
+           f"{r['ratio_to_1']}x |" for r in rows]
+    text = "\n".join(md) + "\n"
+    stem = report.write_record(RESULTS, record, text)
+    print(text)
+    print(f"written {stem}.json/.md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

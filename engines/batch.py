@@ -1,0 +1,134 @@
+"""Continuous batching: sequences join and leave one shared KV cache between engine steps.
+
+``BatchDecoder`` owns a cache of ``rows`` rows. ``add`` puts a prompt in a free row (its
+longest cached prefix restored first); every ``step`` is one ``engine.forward`` over all
+rows: a joining row feeds the next chunk of its prompt, a decoding row its last token, a
+free row nothing (``n_new = 0``). Rows that finish leave with their ``Generation`` and free
+their row at once, so a waiting request joins on the next step instead of after the whole
+batch. Sampling, grammar masks and stop checks are per row, as in ``generate``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rung.engines import Engine
+from rung.engines.errors import GenerationError
+from rung.engines.generate import Generation, Row, advance, new_row, row_result
+from rung.engines.grammar import Constraint
+from rung.engines.prefix_cache import PrefixCache
+from rung.engines.sampler import SamplingParams
+from rung.engines.tokenizer import Tokenizer
+
+
+@dataclass
+class _Seq:
+    tag: Hashable
+    prompt: list[int]
+    row: Row
+    cached: int                  # prompt positions restored from the prefix cache
+    fed: int                     # prompt positions in the KV cache so far
+    t0: float = field(default_factory=time.perf_counter)
+    t_first: float = 0.0
+
+
+class BatchDecoder:
+    """Up to ``rows`` sequences decoded together; ``prefill_chunk`` bounds the prompt
+    tokens a joining row feeds per step, so a long prompt does not stall the others."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, rows: int,
+                 prefix: PrefixCache | None = None, prefill_chunk: int = 512) -> None:
+        if rows < 1 or prefill_chunk < 1:
+            raise GenerationError("a batch needs at least one row and a positive chunk")
+        self.engine, self.tokenizer, self.prefix = engine, tokenizer, prefix
+        self.cache = engine.new_cache(rows)
+        self.prefill_chunk = prefill_chunk
+        self.seqs: list[_Seq | None] = [None] * rows
+        self.steps = 0
+
+    @property
+    def free(self) -> int:
+        return sum(s is None for s in self.seqs)
+
+    @property
+    def active(self) -> int:
+        return len(self.seqs) - self.free
+
+    def add(self, tag: Hashable, prompt: Sequence[int], params: SamplingParams,
+            constraint: Constraint | None = None) -> int:
+        """Put a sequence in a free row; returns the row.
+
+        Raises:
+            GenerationError: no free row, an empty prompt, or one that leaves no room.
+        """
+        room = self.cache.max_seq - len(prompt)
+        if not prompt or room < 1:
+            raise GenerationError(f"prompt of {len(prompt)} tokens does not fit the "
+                                  f"context of {self.cache.max_seq}", "shorten the prompt")
+        row = next((i for i, s in enumerate(self.seqs) if s is None), None)
+        if row is None:
+            raise GenerationError("no free row in the batch")
+        self.cache.lengths[row] = 0
+        cached = 0 if self.prefix is None else self.prefix.restore(self.cache, row, prompt)
+        self.seqs[row] = _Seq(tag, list(prompt), new_row(self.tokenizer, params, room,
+                                                         constraint), cached, cached)
+        return row
+
+    def step(self) -> list[tuple[Hashable, Generation]]:
+        """One engine step over every row; the sequences that finished in it."""
+        n_new = np.zeros(len(self.seqs), np.int64)
+        chunks: list[list[int]] = [[] for _ in self.seqs]
+        for b, s in enumerate(self.seqs):
+            if s is None:
+                continue
+            if s.fed < len(s.prompt):
+                chunks[b] = s.prompt[s.fed:s.fed + self.prefill_chunk]
+            else:
+                chunks[b] = [s.row.token_ids[-1]]
+            n_new[b] = len(chunks[b])
+        if not n_new.any():
+            return []
+        tokens = np.zeros((len(self.seqs), int(n_new.max())), np.int64)
+        for b, chunk in enumerate(chunks):
+            tokens[b, :len(chunk)] = chunk
+        decoding = all(s is None or s.fed >= len(s.prompt) for s in self.seqs)
+        logits = self.engine.forward(self.cache, tokens, n_new, allow_skip=decoding)
+        self.steps += 1
+        done: list[tuple[Hashable, Generation]] = []
+        for b, s in enumerate(self.seqs):
+            if s is None:
+                continue
+            if s.fed < len(s.prompt):
+                s.fed += int(n_new[b])
+                if s.fed < len(s.prompt):
+                    continue   # more prompt to feed: these logits are not the answer's
+            advance(s.row, logits[b, -1], b, None)
+            if not s.t_first:
+                s.t_first = time.perf_counter()
+            if s.row.finish is not None:
+                done.append((s.tag, self._leave(b, s)))
+        return done
+
+    def run(self, interrupt: threading.Event | None = None,
+            max_steps: int = 1_000_000) -> list[tuple[Hashable, Generation]]:
+        """Step until a sequence finishes, ``interrupt`` is set (a request is waiting for
+        a free row) or nothing is active."""
+        for _ in range(max_steps):
+            done = self.step()
+            if done or not self.active or (interrupt is not None and interrupt.is_set()):
+                return done
+        return []
+
+    def _leave(self, b: int, s: _Seq) -> Generation:
+        g = row_result(s.row, len(s.prompt), s.t0, s.t_first, time.perf_counter())
+        g.cached_tokens = s.cached
+        if self.prefix is not None:
+            self.prefix.save(self.cache, b, s.prompt + g.token_ids)
+        self.seqs[b] = None
+        self.cache.lengths[b] = 0
+        return g
