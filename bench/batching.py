@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         r["ratio_to_1"] = round(r["aggregate_tok_s"] / base, 2)
     cmd = "python bench/batching.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-    record = {"stamp": time.strftime("%Y-%m-%d") + f"-batching-{args.preset}",
+    record = {"stamp": time.strftime("%Y-%m-%d") + "-batching-" + args.preset.replace(".", "_"),
               "command": cmd.strip(), "machine": machine.machine_info(),
               "engine": args.kind, "preset": args.preset, "threads": args.threads,
               "prompt": args.prompt, "tokens": args.tokens, "rows": rows}
