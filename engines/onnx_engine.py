@@ -25,10 +25,14 @@ PROVIDERS = {"cpu": ["CPUExecutionProvider"],
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Session settings. ``threads`` 0 lets ONNX Runtime choose (one per physical core)."""
+    """Session settings. ``threads`` 0 lets ONNX Runtime choose (one per physical core).
+    ``prepack`` lets ONNX Runtime repack weight matrices into private memory at load (a
+    second copy of the weights, seconds of load); off, the weights stay in the external
+    data file, mapped and paged in as used."""
 
     provider: str = "cpu"
     threads: int = 0
+    prepack: bool = True
 
 
 class OnnxEngine:
@@ -49,6 +53,8 @@ class OnnxEngine:
         if options.threads:
             so.intra_op_num_threads = options.threads
         so.inter_op_num_threads = 1
+        if not options.prepack:
+            so.add_session_config_entry("session.disable_prepacking", "1")
         path = Path(engine_dir) / manifest.graph_file
         try:
             self.session = ort.InferenceSession(str(path), so,
