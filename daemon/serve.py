@@ -45,7 +45,8 @@ def build_runner(cfg: Config) -> TaskRunner:
     from rung.engines.prefix_cache import PrefixCache
     from rung.engines.tokenizer import Tokenizer
 
-    engine = load_engine(cfg.engine.path, "onnx", EngineOptions(threads=cfg.engine.threads))
+    engine = load_engine(cfg.engine.path, "onnx", EngineOptions(
+        threads=cfg.engine.threads, prepack=cfg.engine.prepack))
     m = engine.manifest
     tok = Tokenizer.load(cfg.engine.path, m.tokenizer)
     store = ColdStore(m.engine_id, int(cfg.kv.ram_mb * 2**20),
