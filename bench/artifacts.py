@@ -6,7 +6,11 @@ Layout under ``$RUNG_CACHE/bench/<preset>/`` (default ``~/.cache/rung/bench/<pre
     rung-fp32/       ``rung export`` of it (fp32 weights, fp32 KV)
     rung-fp32-kv16/  the same with an fp16 KV cache
     rung-fp32-kv8/   the same with an fp8 (e4m3, per-token-per-head scales) KV cache
+    rung-int8/       ``rung export --weights int8`` (fp32 KV)
+    rung-int4/       ``rung export --weights int4`` (fp32 KV)
     ortgenai-fp32/   onnxruntime-genai's builder output (``-p fp32 -e cpu``)
+    ortgenai-int4/   the same with ``-p int4`` (the builder's defaults: block 32, symmetric,
+                     accuracy level 4 on CPU)
     logs/            one log per build step
 
 Each step runs in its own process (so the parent never holds torch or 2 GB of weights),
@@ -26,12 +30,17 @@ from pathlib import Path
 MAX_SEQ = {"qwen2.5-0.5b": 2048, "demo-tiny": 1024}
 # rung artifact kind -> ``rung export --kv``
 RUNG_KV = {"rung": "fp32", "rung-kv16": "fp16", "rung-kv8": "fp8"}
+# rung artifact kind -> ``rung export --weights`` (fp32 KV, like ``rung``)
+RUNG_WEIGHTS = {"rung-int8": "int8", "rung-int4": "int4"}
+# onnxruntime-genai artifact kind -> builder ``-p``
+GENAI = {"ortgenai": "fp32", "ortgenai-int4": "int4"}
 # rung artifact kind -> FFN gates: forced (gate bias: + always skips, - never) or calibrated
 # (``--ffn-skip calibrate`` with this --quality-budget)
 RUNG_FFN: dict[str, tuple[str, float]] = {
     "rung-ffn-never": ("forced", -1e4), "rung-ffn-always": ("forced", 1e4),
     "rung-ffn-cal05": ("calibrate", 0.05), "rung-ffn-cal50": ("calibrate", 0.5)}
-KINDS = ("hf", *RUNG_KV, *RUNG_FFN, "ortgenai")
+KINDS = ("hf", *RUNG_KV, *RUNG_WEIGHTS, *RUNG_FFN, *GENAI)
+RUNG_KINDS = (*RUNG_KV, *RUNG_WEIGHTS, *RUNG_FFN)
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,9 @@ class Artifacts:
         if kind in RUNG_KV:
             kv = RUNG_KV[kind]
             return self.root / ("rung-fp32" if kv == "fp32" else f"rung-fp32-kv{kv[2:]}")
-        return {"hf": self.hf, "ortgenai": self.ortgenai}[kind]
+        if kind in GENAI:
+            return self.root / f"ortgenai-{GENAI[kind]}"
+        return {"hf": self.hf, **{k: self.root / k for k in RUNG_WEIGHTS}}[kind]
 
     def log(self, kind: str) -> Path:
         return self.root / "logs" / f"build-{kind}.log"
@@ -71,16 +82,17 @@ def locate(preset: str) -> Artifacts:
 
 def is_built(art: Artifacts, kind: str) -> bool:
     d = art.path(kind)
-    marker = ("manifest.json" if kind in RUNG_KV or kind in RUNG_FFN else
-              {"hf": "model.safetensors", "ortgenai": "genai_config.json"}[kind])
+    marker = ("manifest.json" if kind in RUNG_KINDS else
+              "genai_config.json" if kind in GENAI else "model.safetensors")
     return (d / marker).is_file()
 
 
 def build_command(art: Artifacts, kind: str, tmp: Path) -> list[str]:
     """The process that builds ``kind`` into ``tmp``."""
-    if kind == "ortgenai":
+    if kind in GENAI:
         return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(art.hf),
-                "-o", str(tmp), "-p", "fp32", "-e", "cpu", "-c", str(art.root / "ortgenai-cache")]
+                "-o", str(tmp), "-p", GENAI[kind], "-e", "cpu", "-c",
+                str(art.root / "ortgenai-cache")]
     return [sys.executable, str(Path(__file__).resolve()), kind, art.preset, str(tmp)]
 
 
@@ -100,7 +112,7 @@ def build(art: Artifacts, kind: str) -> None:
     with open(log, "w") as f:
         rc = subprocess.run(build_command(art, kind, tmp), stdout=f, stderr=subprocess.STDOUT,
                             check=False).returncode
-    if rc != 0 or not (tmp / "genai_config.json" if kind == "ortgenai" else tmp).exists():
+    if rc != 0 or not (tmp / "genai_config.json" if kind in GENAI else tmp).exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
         raise BuildError(f"building {kind} failed (exit {rc}); see {log}\n{tail}")
     shutil.rmtree(final, ignore_errors=True)
@@ -130,13 +142,13 @@ def _build_hf(preset: str, out: Path) -> None:
     make_random_checkpoint(preset, out, seed=0)
 
 
-def _build_rung(preset: str, out: Path, kv: str) -> None:
+def _build_rung(preset: str, out: Path, kv: str, weights: str = "fp32") -> None:
     from rung.export.exporter import ExportOptions, export
 
     manifest = export(locate(preset).hf, out,
-                      ExportOptions(weights="fp32", kv=kv, max_seq=MAX_SEQ[preset]))
+                      ExportOptions(weights=weights, kv=kv, max_seq=MAX_SEQ[preset]))
     print(f"exported engine {manifest.engine_id}; parity {manifest.parity}; "
-          f"kv {manifest.kv}")
+          f"kv {manifest.kv}; quantization {manifest.quantization}")
 
 
 def calib_text(path: Path, n_lines: int = 2000, seed: int = 0) -> Path:
@@ -199,5 +211,7 @@ if __name__ == "__main__":
         _build_rung_ffn(preset_name, Path(out_dir), *RUNG_FFN[step])
     elif step in RUNG_KV:
         _build_rung(preset_name, Path(out_dir), RUNG_KV[step])
+    elif step in RUNG_WEIGHTS:
+        _build_rung(preset_name, Path(out_dir), "fp32", RUNG_WEIGHTS[step])
     else:
         _build_hf(preset_name, Path(out_dir))

@@ -34,17 +34,19 @@ def _ratio(res: dict[str, Any], base: dict[str, Any] | None, ctx: int) -> str:
 
 
 def table(record: dict[str, Any]) -> str:
-    """engine | prefill tok/s | TTFT | decode @ each context | decode ratio to ortgenai."""
+    """engine | prefill tok/s | TTFT | decode @ each context | decode ratio to the baseline
+    (``record["baseline"]``, default ortgenai)."""
     w = record["workload"]
     c = w["contexts"]
+    baseline = record.get("baseline", BASELINE)
     head = (f"| engine | prefill tok/s ({w['prompt']}) | TTFT ms ({w['prompt']}) | "
             + " | ".join(f"decode tok/s @{x}" for x in c)
-            + f" | decode vs {BASELINE} ({' / '.join(f'@{x}' for x in c)}) |")
+            + f" | decode vs {baseline} ({' / '.join(f'@{x}' for x in c)}) |")
     gated = any("ffn_skip_ratio" in r for r in record["results"].values())
     if gated:
         head += " FFN skipped (decode) |"
     rows = [head, "|" + "---|" * (4 + len(c) + gated)]
-    base = record["results"].get(BASELINE)
+    base = record["results"].get(baseline)
     base = None if base is None or "error" in base else base
     for name, res in record["results"].items():
         if "error" in res:
@@ -67,7 +69,10 @@ def _gib(m: dict[str, Any]) -> str:
 def markdown(record: dict[str, Any]) -> str:
     m, w = record["machine"], record["workload"]
     v = ", ".join(f"{k} {val}" for k, val in m["versions"].items())
-    return (f"# rung benchmark {record['stamp']} ({record['model']}, fp32, greedy)\n\n"
+    weights = record.get("engine_weights") or {}
+    precision = ("fp32" if set(weights.values()) <= {"fp32"} else "weights: " + ", ".join(
+        f"{e} {p}" for e, p in weights.items()))
+    return (f"# rung benchmark {record['stamp']} ({record['model']}, {precision}, greedy)\n\n"
             f"Command: `{record['command']}`\n\n"
             f"Machine: {m['cpu_model']}, {m['cpus_usable']} usable cores, {_gib(m)} RAM; "
             f"{w['threads']} threads per engine.\n\nVersions: {v}.\n\n"

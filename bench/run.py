@@ -2,7 +2,8 @@
 
 Builds the cached artifacts (bench/artifacts.py), runs each engine in its own process
 (``run.py --worker ENGINE``, bench/workers.py) one after another, and writes
-``<out>/<date>-fp32.{json,md,png}`` (bench/report.py).
+``<out>/<date>-fp32.{json,md,png}`` (``-mixed`` when int8/int4 engines are among them;
+bench/report.py).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ import machine
 import report
 import workers
 
-ENGINES = ("rung", "rung-kv16", "rung-kv8", *artifacts.RUNG_FFN, "hf", "ortgenai")
+ENGINES = ("rung", "rung-kv16", "rung-kv8", *artifacts.RUNG_WEIGHTS, *artifacts.RUNG_FFN, "hf",
+           *artifacts.GENAI)
 DEFAULT_ENGINES = ("rung", "hf", "ortgenai")
 # engine -> artifact kind; the rung-kv* engines are rung with an fp16 / fp8 KV cache
 ARTIFACT = {e: e for e in ENGINES}
+# engine -> weight precision (fp32 unless listed)
+WEIGHTS = {**artifacts.RUNG_WEIGHTS, **artifacts.GENAI}
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK = dict(preset="demo-tiny", prompt=128, contexts="64,256", steps=8, reps=1)
 
@@ -45,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="smoke run: demo-tiny preset, short contexts, 1 repetition")
     p.add_argument("--out", type=Path, default=RESULTS, help="directory for the results")
     p.add_argument("--tag", default="", help="suffix of the result file names (e.g. kv)")
+    p.add_argument("--baseline", default=report.BASELINE,
+                   help="engine the decode ratios are taken against (default ortgenai)")
     p.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -124,11 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"bench: unknown engine {unknown[0]!r}; choose from {', '.join(ENGINES)}")
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     results = measure_all(args, engines)
-    stamp = (time.strftime("%Y-%m-%d") + "-fp32" + (f"-{args.tag}" if args.tag else "")
+    weights = {e: WEIGHTS.get(e, "fp32") for e in engines}
+    label = "fp32" if set(weights.values()) == {"fp32"} else "mixed"
+    stamp = (time.strftime("%Y-%m-%d") + f"-{label}" + (f"-{args.tag}" if args.tag else "")
              + ("-quick" if args.quick else ""))
     record = {"stamp": stamp, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "command": shlex.join(sys.orig_argv), "cwd": os.getcwd(), "model": args.preset,
-              "weights": "fp32", "workload": vars(workload(args)),
+              "weights": label, "engine_weights": weights, "baseline": args.baseline,
+              "workload": vars(workload(args)),
               "artifacts": str(artifacts.locate(args.preset).root),
               "machine": machine.machine_info(), "results": results}
     stem = write_outputs(record, args.out)

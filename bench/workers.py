@@ -139,7 +139,8 @@ class GenaiRunner:
         return self._next()  # greedy: the generator feeds the token it selected itself
 
 
-RUNNERS: dict[str, Any] = {"hf": HfRunner, "ortgenai": GenaiRunner}  # else: rung's engine
+RUNNERS: dict[str, Any] = {"hf": HfRunner, "ortgenai": GenaiRunner,
+                           "ortgenai-int4": GenaiRunner}  # else: rung's engine
 
 
 # -- measurement -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ lazily: a serving box without the ``[export]`` extra still runs everything else.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -25,7 +26,12 @@ def _export_parser(sub: Any) -> None:
     p = sub.add_parser("export", help="export a Hugging Face checkpoint to an engine directory")
     p.add_argument("hf_dir", type=Path, help="local Hugging Face model directory")
     p.add_argument("-o", "--output", type=Path, required=True, help="engine directory to write")
-    p.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "int8", "int4"])
+    p.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "int8", "int4"],
+                   help="weight precision; int8/int4 are blockwise MatMulNBits (the LM head "
+                   "at 8 bits, embeddings fp32)")
+    p.add_argument("--block-size", type=int,
+                   help="int8/int4: input channels sharing one scale, a power of two >= 16 "
+                   "(default 32)")
     p.add_argument("--kv", default="fp8", choices=["fp32", "fp16", "fp8"],
                    help="KV cache dtype (default fp8: e4m3 with per-token-per-head scales)")
     p.add_argument("--ffn-skip", default="off", choices=["off", "calibrate", "trained"],
@@ -105,18 +111,15 @@ def run_export(args: argparse.Namespace) -> int:
     if args.target != "onnx":
         raise ExportError(f"--target {args.target} is not available in this version",
                           "export with --target onnx")
-    if args.weights not in ("fp32", "fp16"):
-        raise ExportError(f"--weights {args.weights} is not available in this version",
-                          "use --weights fp32|fp16")
     try:
         from rung.export.exporter import ExportOptions, export
     except ImportError as e:
         raise ExportError(f"the exporter needs the [export] extra ({e.name} is missing)",
                           "pip install 'rung[export]'") from e
     m = export(args.hf_dir, args.output, ExportOptions(
-        weights=args.weights, kv=args.kv, max_seq=args.max_seq, norm_eps=args.norm_eps,
-        verify=not args.no_verify, ffn_skip=args.ffn_skip, calib_text=args.calib_text,
-        quality_budget=args.quality_budget))
+        weights=args.weights, block_size=args.block_size, kv=args.kv, max_seq=args.max_seq,
+        norm_eps=args.norm_eps, verify=not args.no_verify, ffn_skip=args.ffn_skip,
+        calib_text=args.calib_text, quality_budget=args.quality_budget))
     parity = m.parity
     verdict = ("not verified" if parity is None else
                f"max logit error {parity.max_abs_logit_diff:.2e}, greedy agreement "
@@ -126,6 +129,12 @@ def run_export(args: argparse.Namespace) -> int:
         print(f"FFN gates: {gate['skip_rate_mean']:.1%} of decode-step FFNs skipped on "
               f"held-out text, mean KL {gate['quality']['mean_kl']:.4f} (budget "
               f"{gate['budget_mean_kl']})")
+    quant = m.quantization
+    if quant and quant.get("accuracy"):
+        print(f"{m.weights} weights (block {quant['block_size']}, LM head "
+              f"{quant['lm_head_bits']}-bit) against fp32 weights: mean KL "
+              f"{quant['accuracy']['mean_kl']:.2e}, greedy agreement "
+              f"{quant['accuracy']['greedy_agreement']:.2f}")
     print(f"exported {m.dims.hf_architecture} to {args.output} (engine {m.engine_id}, "
           f"{m.weights} weights, {m.kv.dtype} KV {m.kv.bytes_per_token(m.dims)} B/token, "
           f"max_seq {m.dims.max_seq}; {verdict})")
@@ -180,6 +189,7 @@ def run_generate(args: argparse.Namespace) -> int:
             "prompt_tokens": g.prompt_tokens, "cached_tokens": g.cached_tokens,
             "kv": {"dtype": engine.manifest.kv.dtype,
                    "bytes_per_token": engine.manifest.kv.bytes_per_token(engine.manifest.dims)},
+            "weights": _weights_record(engine.manifest),
             "ffn_skip_ratio": g.ffn_skip_ratio}, ensure_ascii=False))
     else:
         print()
@@ -188,6 +198,13 @@ def run_generate(args: argparse.Namespace) -> int:
               f"({g.finish_reason}); load {timings['load_ms']} ms, ttft {timings['ttft_ms']} "
               f"ms, decode {timings['decode_tok_s']} tok/s", file=sys.stderr)
     return 0
+
+
+def _weights_record(m: Any) -> dict[str, Any]:
+    """The engine's weight precision, its quantization (cost against fp32 weights included)
+    and the export's parity check with the tolerance it passed, for ``--json``."""
+    parity = None if m.parity is None else dataclasses.asdict(m.parity)
+    return {"dtype": m.weights, "quantization": m.quantization, "parity": parity}
 
 
 class _Session:

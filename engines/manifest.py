@@ -4,7 +4,12 @@ Written once by ``rung export``, read by every engine backend. It is versioned: 
 refuses a manifest whose ``format_version`` it does not know, and every artifact it names is
 checked against its sha256 before use.
 
-Layout of the graph the manifest describes (format 1):
+Format 2 adds the ``quantization`` record (int8/int4 weights as ``MatMulNBits``) and the
+tolerances in the parity record; format 1 manifests still load (those keys default to
+empty). An engine with quantized weights needs an ONNX Runtime with the ``com.microsoft``
+``MatMulNBits`` op (every CPU build has it).
+
+Layout of the graph the manifest describes:
 
     inputs   input_ids      int64  [B, S]
              position_ids   int64  [B, S]       absolute position of each new token
@@ -36,7 +41,8 @@ from typing import Any
 
 from rung.engines.errors import ManifestError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+OLDEST_FORMAT = 1  # format 1 lacks only optional keys
 MANIFEST_NAME = "manifest.json"
 KV_LAYOUT = "position_major_SBHD"
 
@@ -98,7 +104,8 @@ class TokenizerSpec:
 
 @dataclass(frozen=True)
 class Parity:
-    """Export-time verification of the graph against the PyTorch model."""
+    """Export-time verification of the graph against the fp32 PyTorch model: the measured
+    distance and the tolerance it passed (which depends on the weight and KV precision)."""
 
     prompts: int
     tokens: int
@@ -107,6 +114,11 @@ class Parity:
     greedy_agreement: float
     tolerance_abs: float
     passed: bool
+    # format 2: the bounds applied (max relative logit error, min greedy agreement) and the
+    # mean KL(reference || engine) of the next-token distributions, in nats
+    tolerance_rel: float | None = None
+    min_greedy_agreement: float | None = None
+    mean_kl: float | None = None
 
 
 @dataclass(frozen=True)
@@ -120,13 +132,16 @@ class Manifest:
     opset: int
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    weights: str  # "fp32" | "fp16"
+    weights: str  # "fp32" | "fp16" | "int8" | "int4"
     kv: KVSpec
     tokenizer: TokenizerSpec
     generation: dict[str, Any]
     parity: Parity | None
     artifacts: dict[str, str]  # file name -> sha256
     ffn_gate: dict[str, Any] | None = None
+    # int8/int4 weights: method ("MatMulNBits"), bits, block_size, symmetric, accuracy_level,
+    # lm_head_bits, embeddings ("fp32"); None for float weights
+    quantization: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     # -- writing -----------------------------------------------------------------------
@@ -193,7 +208,7 @@ def load_manifest(engine_dir: Path, verify_artifacts: bool = True) -> Manifest:
         raise ManifestError(
             f"{path}: manifest format {version} is newer than this rung understands "
             f"(format {FORMAT_VERSION})", "upgrade rung or re-export with this version")
-    if version < FORMAT_VERSION:
+    if version < OLDEST_FORMAT:
         raise ManifestError(f"{path}: manifest format {version} is no longer supported",
                             "re-export the engine with this rung version")
     try:

@@ -4,6 +4,10 @@ the PyTorch model's full causal forward on the same tokens.
 Prompts are seeded random token sequences of different lengths, run as one batch (so the
 check also covers right padding and per-row past lengths), each followed by greedy decode
 steps. Every step's logits are compared with the reference at the same position.
+
+With int8/int4 weights the reference is the model holding the graph's own (dequantized)
+weights, so a broken graph stays distinguishable from rounding; what quantization costs
+against the fp32 weights is measured apart (``weight_accuracy``), as for the KV cache.
 """
 
 from __future__ import annotations
@@ -24,13 +28,25 @@ class Tolerance:
     greedy_agreement: float  # minimum fraction of steps with the same argmax
 
 
-TOLERANCES = {"fp32": Tolerance(1e-3, 0.95), "fp16": Tolerance(5e-2, 0.75)}
+TOLERANCES = {"fp32": Tolerance(1e-3, 0.95), "fp16": Tolerance(5e-2, 0.75),
+              # int8/int4: the reference holds the same (dequantized) weights, so what is left
+              # is the kernels' int8 activations (accuracy level 4, export/quantize.py). Worst
+              # measured over the four test architectures at block sizes 16-128 and the
+              # trained demo model: rel 0.065, agreement 0.875 (with accuracy level 0 the
+              # graph matches to 1e-6); the Qwen2.5-0.5B-shaped bench model: 0.035, 0.875.
+              "int8": Tolerance(0.1, 0.8), "int4": Tolerance(0.1, 0.8)}
 # The reference rounds K/V exactly as the cache does, but an fp8 code sitting on a rounding
 # boundary can land one step apart in two float implementations: a looser bound for fp8.
 KV_TOLERANCES = {"float8_e4m3fn": Tolerance(1e-2, 0.9)}
+# int8 activations move K/V across fp8 rounding boundaries that the reference, computing
+# in float, does not cross, and each crossing is a whole e4m3 step: worst measured on the
+# test architectures rel 0.16, agreement 0.75 (trained demo model: 0.079, 0.93).
+PAIR_TOLERANCES = {(w, "float8_e4m3fn"): Tolerance(0.25, 0.65) for w in ("int8", "int4")}
 
 
 def tolerance(weights: str, kv_dtype: str) -> Tolerance:
+    if (weights, kv_dtype) in PAIR_TOLERANCES:
+        return PAIR_TOLERANCES[weights, kv_dtype]
     a, b = TOLERANCES[weights], KV_TOLERANCES.get(kv_dtype, TOLERANCES[weights])
     return Tolerance(max(a.rel_logit, b.rel_logit), min(a.greedy_agreement,
                                                         b.greedy_agreement))
@@ -58,6 +74,7 @@ def verify(engine: Engine, model: RungForCausalLM, weights: str, prompts: int = 
         logits = engine.forward(cache, nxt[:, None].astype(np.int64),
                                 np.ones(len(seqs), np.int64))
     max_abs, scale, agree, total = 0.0, 1.0, 0, 0
+    refs, mines = [], []
     with torch.no_grad():
         for b, s in enumerate(seqs):
             ref = model(torch.tensor([s[:-1]]))[0].numpy()        # [len, V]
@@ -67,16 +84,21 @@ def verify(engine: Engine, model: RungForCausalLM, weights: str, prompts: int = 
             scale = max(scale, float(np.abs(ref).max()))
             agree += int((mine.argmax(-1) == ref.argmax(-1)).sum())
             total += len(ref)
+            refs.append(ref)
+            mines.append(mine)
     if model.has_ffn_gates:
         gmax, gscale, gagree, gtotal = _gated_decode(engine, model, seqs[0][:lens[0]], steps)
         max_abs, scale = max(max_abs, gmax), max(scale, gscale)
         agree, total = agree + gagree, total + gtotal
     tol = tolerance(weights, model.model.layers[0].self_attn.kv_dtype)
     rel, agreement = max_abs / scale, agree / total
+    kl = logit_metrics(np.concatenate(refs), np.concatenate(mines))["mean_kl"]
     return Parity(prompts=len(seqs), tokens=total, max_abs_logit_diff=max_abs,
                   max_rel_logit_diff=rel, greedy_agreement=agreement,
                   tolerance_abs=tol.rel_logit * scale,
-                  passed=rel <= tol.rel_logit and agreement >= tol.greedy_agreement)
+                  passed=rel <= tol.rel_logit and agreement >= tol.greedy_agreement,
+                  tolerance_rel=tol.rel_logit, min_greedy_agreement=tol.greedy_agreement,
+                  mean_kl=kl)
 
 
 def _gated_decode(engine: Engine, model: RungForCausalLM, prompt: list[int],
@@ -119,6 +141,22 @@ def logit_metrics(ref: np.ndarray, got: np.ndarray, block: int = 64) -> dict[str
     return {"max_rel_logit_err": float(rels.max()), "mean_rel_logit_err": float(rels.mean()),
             "mean_kl": float(kls.mean()),
             "greedy_agreement": float((ref.argmax(-1) == got.argmax(-1)).mean())}
+
+
+def weight_accuracy(engine: Engine, original: RungForCausalLM, prompts: int = 8,
+                    length: int = 64, seed: int = 0) -> dict[str, float]:
+    """Teacher-forced logits of the engine (quantized weights, and with them the kernels'
+    int8 activations) against the fp32 model with the same KV rounding: what the weight
+    precision costs end to end."""
+    rng = np.random.default_rng(seed)
+    length = min(length, engine.manifest.dims.max_seq)
+    vocab = original.cfg.vocab_size
+    ids = rng.integers(0, vocab, (prompts, length))
+    every = np.tile(np.arange(length, dtype=np.int64), (prompts, 1))
+    got = engine.forward(engine.new_cache(prompts), ids, np.full(prompts, length), every)
+    with torch.no_grad():
+        ref = original(torch.tensor(ids)).numpy()
+    return logit_metrics(ref.reshape(-1, vocab), got.reshape(-1, vocab))
 
 
 def kv_accuracy(model: RungForCausalLM, prompts: int = 8, length: int = 64,

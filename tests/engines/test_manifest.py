@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,4 +78,24 @@ def test_corrupt_artifact_detected(engine_dir: Path) -> None:
 def test_missing_artifact(engine_dir: Path) -> None:
     (engine_dir / "tokenizer.json").unlink()
     with pytest.raises(ManifestError, match="listed in the manifest but missing"):
+        load_manifest(engine_dir)
+
+
+def test_format_1_still_loads(engine_dir: Path) -> None:
+    """Format 2 only added optional keys: a format 1 manifest (without them) loads."""
+    def to_format_1(d: dict[str, Any]) -> None:
+        d.update(format_version=1)
+        d.pop("quantization")
+        for key in ("tolerance_rel", "min_greedy_agreement", "mean_kl"):
+            d["parity"].pop(key)
+
+    _edit(engine_dir, to_format_1)
+    m = load_manifest(engine_dir)
+    assert m.format_version == 1 and m.quantization is None and m.weights == "fp32"
+    assert m.parity is not None and m.parity.passed and m.parity.tolerance_rel is None
+
+
+def test_format_0_is_refused(engine_dir: Path) -> None:
+    _edit(engine_dir, lambda d: d.update(format_version=0))
+    with pytest.raises(ManifestError, match="format 0 is no longer supported"):
         load_manifest(engine_dir)
