@@ -40,7 +40,7 @@ class EngineConfig:
     path: Path  # relative paths resolve against the config file's folder
     threads: int = 0  # intra-op threads; 0 = the ONNX Runtime default
     max_batch: int = 1  # requests decoded together
-    prepack: bool = True  # ONNX Runtime weight prepacking (a second copy of the weights)
+    prepack: bool | None = None  # ONNX Runtime weight prepacking; None = by weight precision
 
 
 @dataclass(frozen=True)
@@ -373,7 +373,8 @@ _MQTT = {
 _TOP = {
     "engine": _section(EngineConfig, {"path": _path(expect="the exported engine directory"),
                                       "threads": _int(0), "max_batch": _int(1),
-                                      "prepack": _Key(_bool, "true or false")}),
+                                      "prepack": _Key(_bool, "true or false",
+                                                      nullable=True)}),
     "mqtt": _section(MQTTConfig, _MQTT, check=_check_mqtt),
     "queue": _section(QueueConfig, {"max_pending": _int(1),
                                     "request_timeout_s": _num(0, strict=True)}),

@@ -19,6 +19,7 @@ from rung.engines.manifest import Manifest
 ONNX_TYPE_NAMES = {"float32": "tensor(float)", "float16": "tensor(float16)",
                    "float8_e4m3fn": "tensor(float8e4m3fn)"}
 FP8 = 17  # onnx.TensorProto.FLOAT8E4M3FN (onnx itself is not a serving dependency)
+PREPACKED_WEIGHTS = ("int8", "int4")   # weight precisions whose kernels need prepacking
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
              "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
@@ -28,11 +29,14 @@ class EngineOptions:
     """Session settings. ``threads`` 0 lets ONNX Runtime choose (one per physical core).
     ``prepack`` lets ONNX Runtime repack weight matrices into private memory at load (a
     second copy of the weights, seconds of load); off, the weights stay in the external
-    data file, mapped and paged in as used."""
+    data file, mapped and paged in as used. None (default) chooses by weight precision:
+    off for fp32/fp16 (on the 0.5B bench model: peak RSS 1.33x -> 1.06x of weights + KV,
+    load 4.1 -> 1.7 s, decode unchanged, prefill -20 %), on for int8/int4, whose
+    MatMulNBits kernels need their packed layout (0.7 tok/s without it)."""
 
     provider: str = "cpu"
     threads: int = 0
-    prepack: bool = True
+    prepack: bool | None = None
 
 
 class OnnxEngine:
@@ -53,7 +57,10 @@ class OnnxEngine:
         if options.threads:
             so.intra_op_num_threads = options.threads
         so.inter_op_num_threads = 1
-        if not options.prepack:
+        prepack = options.prepack
+        if prepack is None:
+            prepack = manifest.weights in PREPACKED_WEIGHTS
+        if not prepack:
             so.add_session_config_entry("session.disable_prepacking", "1")
         path = Path(engine_dir) / manifest.graph_file
         try:
