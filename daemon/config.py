@@ -471,6 +471,26 @@ def _unique_keys(loader: Any, node: Any) -> Any:
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys)
 
 
+def read_yaml(path: Path, error: type[RungError], what: str, hint: str) -> Any:
+    """A YAML file's content (a repeated key is an error), or ``error`` naming the file:
+    missing (with ``hint``), unreadable, or invalid YAML with its line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what}", hint) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"{path}: cannot read "
+                    f"({getattr(e, 'strerror', None) or type(e).__name__})") from None
+    try:
+        return yaml.load(text, Loader=_Loader)  # a SafeLoader underneath
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise error(f"{path}: invalid YAML{where}: {e.problem}") from None
+    except yaml.YAMLError as e:
+        raise error(f"{path}: invalid YAML ({e})".replace("\n", " ")) from None
+
+
 def load_config(path: Path | None, overrides: Sequence[str] = (),
                 env: Mapping[str, str] | None = None) -> Config:
     """Read and check the config file at ``path`` (``None``: built-in defaults only).
@@ -482,22 +502,7 @@ def load_config(path: Path | None, overrides: Sequence[str] = (),
     if path is None:
         return parse_config({}, Path.cwd(), overrides, env)
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file",
-                          "pass --config with the path of rung.yaml") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read "
-                          f"({getattr(e, 'strerror', None) or type(e).__name__})") from None
-    try:
-        data = yaml.load(text, Loader=_Loader)  # a SafeLoader underneath
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}: invalid YAML{where}: {e.problem}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML ({e})".replace("\n", " ")) from None
+    data = read_yaml(path, ConfigError, "config file", "pass --config with the path of rung.yaml")
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -22,9 +22,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from rung.daemon.config import _Loader as _UniqueKeyLoader
+from rung.daemon.config import read_yaml
 from rung.engines.errors import RungError
 
 
@@ -685,20 +683,6 @@ def load_map(path: Path) -> PlcMap:
         RegisterMapError: the file is missing, unreadable, not YAML, or a key is invalid.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RegisterMapError(f"{path}: no such register-map file",
-                               "check the `plcs` list in the config") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise RegisterMapError(f"{path}: cannot read "
-                               f"({getattr(e, 'strerror', None) or type(e).__name__})") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader underneath
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RegisterMapError(f"{path}: invalid YAML{where}: {e.problem}") from None
-    except yaml.YAMLError as e:
-        raise RegisterMapError(f"{path}: invalid YAML ({e})".replace("\n", " ")) from None
+    data = read_yaml(path, RegisterMapError, "register-map file",
+                     "check the `plcs` list in the config")
     return parse_map({} if data is None else data, path)
