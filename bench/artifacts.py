@@ -39,7 +39,9 @@ GENAI = {"ortgenai": "fp32", "ortgenai-int4": "int4"}
 RUNG_FFN: dict[str, tuple[str, float]] = {
     "rung-ffn-never": ("forced", -1e4), "rung-ffn-always": ("forced", 1e4),
     "rung-ffn-cal05": ("calibrate", 0.05), "rung-ffn-cal50": ("calibrate", 0.5)}
-KINDS = ("hf", *RUNG_KV, *RUNG_WEIGHTS, *RUNG_FFN, *GENAI)
+# llama.cpp through llama-cpp-python: kind -> GGUF type (f32 converted, the rest quantized)
+LLAMACPP = {"llamacpp-f32": "f32", "llamacpp-q8_0": "q8_0", "llamacpp-q4_0": "q4_0"}
+KINDS = ("hf", *RUNG_KV, *RUNG_WEIGHTS, *RUNG_FFN, *GENAI, *LLAMACPP)
 RUNG_KINDS = (*RUNG_KV, *RUNG_WEIGHTS, *RUNG_FFN)
 
 
@@ -64,7 +66,7 @@ class Artifacts:
             return self.root / ("rung-fp32" if kv == "fp32" else f"rung-fp32-kv{kv[2:]}")
         if kind in GENAI:
             return self.root / f"ortgenai-{GENAI[kind]}"
-        return {"hf": self.hf, **{k: self.root / k for k in RUNG_WEIGHTS}}[kind]
+        return {"hf": self.hf, **{k: self.root / k for k in (*RUNG_WEIGHTS, *LLAMACPP)}}[kind]
 
     def log(self, kind: str) -> Path:
         return self.root / "logs" / f"build-{kind}.log"
@@ -83,7 +85,8 @@ def locate(preset: str) -> Artifacts:
 def is_built(art: Artifacts, kind: str) -> bool:
     d = art.path(kind)
     marker = ("manifest.json" if kind in RUNG_KINDS else
-              "genai_config.json" if kind in GENAI else "model.safetensors")
+              "genai_config.json" if kind in GENAI else
+              "model.gguf" if kind in LLAMACPP else "model.safetensors")
     return (d / marker).is_file()
 
 
@@ -190,6 +193,47 @@ def gated_checkpoint(hf: Path, out: Path, bias: float) -> Path:
     return out
 
 
+def llamacpp_source() -> Path:
+    """llama.cpp's sources as llama-cpp-python's sdist ships them (its converter is not in
+    the wheel), downloaded once into the bench cache, matching the installed version."""
+    import tarfile
+    from importlib.metadata import version
+
+    ver = version("llama-cpp-python")
+    root = cache_root() / "llamacpp-src"
+    src = root / f"llama_cpp_python-{ver}" / "vendor" / "llama.cpp"
+    if not (src / "convert_hf_to_gguf.py").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:",
+                        "--no-deps", f"llama-cpp-python=={ver}", "-d", str(root)], check=True)
+        with tarfile.open(root / f"llama_cpp_python-{ver}.tar.gz") as tar:
+            tar.extractall(root, filter="data")
+    return src
+
+
+def _build_llamacpp(preset: str, out: Path, ftype: str) -> None:
+    import ctypes
+
+    import llama_cpp
+
+    out.mkdir(parents=True, exist_ok=True)
+    f32 = out / ("model.gguf" if ftype == "f32" else "model-f32.gguf")
+    subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "gguf_convert.py"),
+                    str(llamacpp_source()), str(locate(preset).hf), "--outfile", str(f32),
+                    "--outtype", "f32"], check=True)
+    if ftype != "f32":
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+                        "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[ftype]
+        params.nthread = 2
+        rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(out / "model.gguf").encode(),
+                                            ctypes.byref(params))
+        f32.unlink()
+        if rc != 0:
+            raise SystemExit(f"llama_model_quantize failed ({rc})")
+    print(f"GGUF {ftype}: {out / 'model.gguf'}")
+
+
 def _build_rung_ffn(preset: str, out: Path, mode: str, value: float) -> None:
     from rung.export.exporter import ExportOptions, export
 
@@ -213,5 +257,7 @@ if __name__ == "__main__":
         _build_rung(preset_name, Path(out_dir), RUNG_KV[step])
     elif step in RUNG_WEIGHTS:
         _build_rung(preset_name, Path(out_dir), "fp32", RUNG_WEIGHTS[step])
+    elif step in LLAMACPP:
+        _build_llamacpp(preset_name, Path(out_dir), LLAMACPP[step])
     else:
         _build_hf(preset_name, Path(out_dir))

@@ -24,12 +24,14 @@ import report
 import workers
 
 ENGINES = ("rung", "rung-kv16", "rung-kv8", *artifacts.RUNG_WEIGHTS, *artifacts.RUNG_FFN, "hf",
-           *artifacts.GENAI)
+           *artifacts.GENAI, *artifacts.LLAMACPP)
 DEFAULT_ENGINES = ("rung", "hf", "ortgenai")
 # engine -> artifact kind; the rung-kv* engines are rung with an fp16 / fp8 KV cache
 ARTIFACT = {e: e for e in ENGINES}
 # engine -> weight precision (fp32 unless listed)
-WEIGHTS = {**artifacts.RUNG_WEIGHTS, **artifacts.GENAI}
+WEIGHTS = {**artifacts.RUNG_WEIGHTS, **artifacts.GENAI,
+           **{k: {"f32": "fp32", "q8_0": "int8", "q4_0": "int4"}[v]
+              for k, v in artifacts.LLAMACPP.items()}}
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK = dict(preset="demo-tiny", prompt=128, contexts="64,256", steps=8, reps=1)
 

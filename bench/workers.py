@@ -139,8 +139,41 @@ class GenaiRunner:
         return self._next()  # greedy: the generator feeds the token it selected itself
 
 
+class LlamaCppRunner:
+    """llama.cpp through llama-cpp-python: ``eval`` runs tokens into its KV cache (the
+    prompt in batches of 512); the last token's logits come from ``llama_get_logits_ith``
+    (the wrapper's ``scores`` keeps only ``n_batch`` rows); greedy is argmax."""
+
+    def __init__(self, model_dir: Path, threads: int) -> None:
+        import llama_cpp
+
+        self.lib = llama_cpp
+        self.llm = llama_cpp.Llama(str(model_dir / "model.gguf"), n_ctx=4096,
+                                   n_threads=threads, n_threads_batch=threads, n_batch=512,
+                                   verbose=False)
+        self.vocab = self.llm.n_vocab()
+
+    def reset(self, max_len: int) -> None:
+        self.llm.reset()
+
+    def _next(self) -> int:
+        logits = np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.llm.ctx, -1),
+                                       shape=(self.vocab,))
+        return int(np.argmax(logits))
+
+    def prefill(self, ids: np.ndarray) -> int:
+        self.llm.eval([int(t) for t in ids])
+        return self._next()
+
+    def step(self, token: int) -> int:
+        self.llm.eval([token])
+        return self._next()
+
+
 RUNNERS: dict[str, Any] = {"hf": HfRunner, "ortgenai": GenaiRunner,
-                           "ortgenai-int4": GenaiRunner}  # else: rung's engine
+                           "ortgenai-int4": GenaiRunner, "llamacpp-f32": LlamaCppRunner,
+                           "llamacpp-q8_0": LlamaCppRunner,
+                           "llamacpp-q4_0": LlamaCppRunner}  # else: rung's engine
 
 
 # -- measurement -----------------------------------------------------------------------------
