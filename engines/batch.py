@@ -33,6 +33,8 @@ class _Seq:
     row: Row
     cached: int                  # prompt positions restored from the prefix cache
     fed: int                     # prompt positions in the KV cache so far
+    steps0: int = 0              # the engine's FFN-gate counters when the sequence joined
+    skips0: np.ndarray | None = None
     t0: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
 
@@ -75,8 +77,10 @@ class BatchDecoder:
             raise GenerationError("no free row in the batch")
         self.cache.lengths[row] = 0
         cached = 0 if self.prefix is None else self.prefix.restore(self.cache, row, prompt)
+        skips = self.engine.ffn_skips
         self.seqs[row] = _Seq(tag, list(prompt), new_row(self.tokenizer, params, room,
-                                                         constraint), cached, cached)
+                                                         constraint), cached, cached,
+                              self.engine.ffn_steps, None if skips is None else skips.copy())
         return row
 
     def step(self) -> list[tuple[Hashable, Generation]]:
@@ -127,6 +131,10 @@ class BatchDecoder:
     def _leave(self, b: int, s: _Seq) -> Generation:
         g = row_result(s.row, len(s.prompt), s.t0, s.t_first, time.perf_counter())
         g.cached_tokens = s.cached
+        skips, steps = self.engine.ffn_skips, self.engine.ffn_steps - s.steps0
+        if skips is not None and s.skips0 is not None and steps > 0:
+            # gates act on one-token steps of a single sequence: with one row, all its own
+            g.ffn_skip_ratio = float((skips - s.skips0).sum() / (steps * len(skips)))
         if self.prefix is not None:
             self.prefix.save(self.cache, b, s.prompt + g.token_ids)
         self.seqs[b] = None

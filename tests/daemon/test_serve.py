@@ -474,3 +474,14 @@ def test_continuous_batching_in_the_daemon(broker: Broker, edge_engine: Path,
     for i in (1, 3, 5):
         body = replies[f"c{i}"][0].body
         assert body["ok"] or body["error"]["code"] == "truncated"
+
+
+def test_ffn_skip_ratio_reaches_the_metrics(served: tuple[Broker, Daemon]) -> None:
+    """The demo model's trained gates skip FFNs at batch 1; the ratio is measured per
+    answer and exported."""
+    _, daemon = served
+    port = yaml.safe_load(daemon.config.read_text())["metrics"]["port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    line = next(x for x in text.splitlines() if x.startswith("rung_ffn_skip_ratio "))
+    assert 0.0 < float(line.split()[1]) < 1.0
