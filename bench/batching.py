@@ -77,9 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     base = rows[0]["aggregate_tok_s"]
     for r in rows:
         r["ratio_to_1"] = round(r["aggregate_tok_s"] / base, 2)
-    cmd = "python bench/batching.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     record = {"stamp": time.strftime("%Y-%m-%d") + "-batching-" + args.preset.replace(".", "_"),
-              "command": cmd.strip(), "machine": machine.machine_info(),
+              "command": shlex.join(sys.orig_argv), "machine": machine.machine_info(),
               "engine": args.kind, "preset": args.preset, "threads": args.threads,
               "prompt": args.prompt, "tokens": args.tokens, "rows": rows}
     md = [f"Continuous batching, {args.preset} ({args.kind}), {args.threads} threads, "

@@ -87,11 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         med["rss_ratio"] = med["peak_rss"] / (med["weights_bytes"] + med["kv_bytes"])
         rows.append({"prepack": prepack, **med})
-    cmd = "python bench/memory.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     record = {"stamp": time.strftime("%Y-%m-%d") + f"-memory-{args.kind}-"
               + args.preset.replace(".", "_"),
-              "command": cmd.strip(), "machine": machine.machine_info(), "engine": args.kind,
-              "preset": args.preset, "threads": args.threads, "prompt": args.prompt,
+              "command": shlex.join(sys.orig_argv), "machine": machine.machine_info(),
+              "engine": args.kind, "preset": args.preset, "threads": args.threads,
+              "prompt": args.prompt,
               "tokens": args.tokens, "repeats": args.repeats, "rows": rows}
     md = [f"Weight prepacking on/off, {args.preset} ({args.kind}), {args.threads} threads, "
           f"{args.prompt}-token prompt, {args.tokens} tokens, median of {args.repeats} "

@@ -205,17 +205,15 @@ class PlcAgent:
         """The points, transient errors (device busy, gateway, timeouts) retried with
         backoff; a configuration error (illegal address) at once."""
         delay = self.backoff[0]
-        for attempt in range(1, attempts + 1):
+        for attempt in range(1, attempts):
             try:
                 return await self.link.read_snapshot()
             except ModbusTransientError as e:
-                if attempt == attempts:
-                    raise
                 log.warning("PLC %s: snapshot attempt %d failed, retrying in %.1f s: %s",
                             self.plc.id, attempt, delay, e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff[1])
-        raise AssertionError("unreachable")
+        return await self.link.read_snapshot()   # the last attempt raises what it gets
 
     async def _ask(self, job: Job, task: str, data: dict[str, Any]) -> int:
         """Run one task request through the shared queue, wait for its answer; the err
