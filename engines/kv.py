@@ -73,6 +73,17 @@ class KVCache:
         p = self.past_len()
         return {name: buf[:p] for name, buf in self.buffers.items()}
 
+    def read_block(self, row: int, start: int, n: int) -> dict[str, np.ndarray]:
+        """A copy of positions ``[start, start + n)`` of ``row``: buffer name -> ``[n, ...]``
+        (the cold tier's block format, the same for every layout and device)."""
+        return {name: buf[start:start + n, row].copy() for name, buf in self.buffers.items()}
+
+    def write_block(self, row: int, start: int, arrays: Mapping[str, np.ndarray]) -> None:
+        """Store ``arrays`` (as ``read_block`` returns them) at ``start`` in ``row``."""
+        for name, buf in self.buffers.items():
+            src = arrays[name]
+            buf[start:start + len(src), row] = src
+
     def append(self, new: Mapping[str, np.ndarray], n_new: np.ndarray) -> None:
         """Write each row's first ``n_new[b]`` new positions after its current length.
 

@@ -1,7 +1,7 @@
 """The cold KV tier: compressed blocks of finished or evicted sequences, keyed by content.
 
 A block is ``block`` consecutive positions of one sequence across every KV buffer: buffer
-name -> ``[block, ...]``, i.e. ``KVCache.buffers[name][start:start + block, b]``. Its key
+name -> ``[block, ...]``, as ``KVCache.read_block`` returns it (any layout, any device). Its key
 (:func:`chain_keys`) hashes the engine id and every token up to the block's end, so equal
 keys mean equal KV, and a prompt's longest cached prefix is its longest run of present keys
 (:meth:`ColdStore.longest_prefix`).

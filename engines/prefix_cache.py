@@ -50,8 +50,7 @@ class PrefixCache:
             arrays = self.store.get(keys[i])
             if arrays is None or (i + 1) * self.block > cache.max_seq:
                 break
-            for name, buf in cache.buffers.items():
-                buf[i * self.block:(i + 1) * self.block, row] = arrays[name]
+            cache.write_block(row, i * self.block, arrays)
             restored += self.block
         usable = min(restored, max(len(tokens) - 1, 0))
         cache.lengths[row] = usable
@@ -89,9 +88,8 @@ class PrefixCache:
                 if pinned:
                     self.store.pin(key)
                 continue
-            stored += int(self.store.put(
-                key, {name: buf[i * self.block:(i + 1) * self.block, row].copy()
-                      for name, buf in cache.buffers.items()}, pinned=pinned))
+            stored += int(self.store.put(key, cache.read_block(row, i * self.block, self.block),
+                                         pinned=pinned))
         return stored
 
 
