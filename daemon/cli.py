@@ -41,6 +41,10 @@ def _export_parser(sub: Any) -> None:
     p.add_argument("--quality-budget", type=float, default=0.05,
                    help="max mean next-token KL (nats) vs the unskipped model on held-out "
                    "calibration text (default 0.05)")
+    p.add_argument("--graph", default="auto", choices=["auto", "fused", "generic"],
+                   help="fused: ONNX Runtime's GroupQueryAttention & co. (fp32/fp16 KV, not "
+                   "fp16 weights); generic: plain ONNX ops (every KV dtype); auto (default): "
+                   "fused where it applies")
     p.add_argument("--target", default="onnx", choices=["onnx", "trt"])
     p.add_argument("--max-seq", type=int, help="longest sequence served (default: min(4096, "
                    "the model's max_position_embeddings))")
@@ -119,7 +123,7 @@ def run_export(args: argparse.Namespace) -> int:
     m = export(args.hf_dir, args.output, ExportOptions(
         weights=args.weights, block_size=args.block_size, kv=args.kv, max_seq=args.max_seq,
         norm_eps=args.norm_eps, verify=not args.no_verify, ffn_skip=args.ffn_skip,
-        calib_text=args.calib_text, quality_budget=args.quality_budget))
+        calib_text=args.calib_text, quality_budget=args.quality_budget, graph=args.graph))
     parity = m.parity
     verdict = ("not verified" if parity is None else
                f"max logit error {parity.max_abs_logit_diff:.2e}, greedy agreement "

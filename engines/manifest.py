@@ -45,6 +45,7 @@ FORMAT_VERSION = 2
 OLDEST_FORMAT = 1  # format 1 lacks only optional keys
 MANIFEST_NAME = "manifest.json"
 KV_LAYOUT = "position_major_SBHD"
+HEAD_MAJOR = "head_major_BHSD"   # the fused graph's shared buffers [B, Hkv, C, D]
 
 
 @dataclass(frozen=True)

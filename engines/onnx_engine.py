@@ -1,5 +1,10 @@
 """The ONNX Runtime engine: one session over the exported decoder graph.
 
+Two graph forms, told apart by the manifest's KV layout: the generic graph reads views of a
+position-major cache and returns the new positions, which the engine appends; the fused
+graph (``GroupQueryAttention``) takes the head-major cache buffers whole, bound through
+IO binding as both its ``past`` inputs and its ``present`` outputs, and appends in place.
+
 CPU by default; the CUDA execution provider is selectable by options (``provider="cuda"``)
 but is not tested without a GPU.
 """
@@ -14,7 +19,7 @@ import onnxruntime as ort
 
 from rung.engines.errors import EngineError
 from rung.engines.kv import KVCache
-from rung.engines.manifest import Manifest
+from rung.engines.manifest import HEAD_MAJOR, Manifest
 
 ONNX_TYPE_NAMES = {"float32": "tensor(float)", "float16": "tensor(float16)",
                    "float8_e4m3fn": "tensor(float8e4m3fn)"}
@@ -70,6 +75,7 @@ class OnnxEngine:
             raise EngineError(f"{path}: ONNX Runtime cannot load the graph ({e})",
                               "re-export the engine") from e
         self.output_names = [o.name for o in manifest.outputs]
+        self.fused = manifest.kv.layout == HEAD_MAJOR
         self._check_kv_dtype(path)
         gated = "ffn_skipped" in self.output_names
         # FFN skip counters: one-token decode steps run, and skips per layer among them
@@ -91,7 +97,7 @@ class OnnxEngine:
         d = self.dims
         seq = min(max_seq or d.max_seq, d.max_seq)
         return KVCache(d.num_layers, batch, seq, d.num_kv_heads, d.head_dim,
-                       self.manifest.kv.dtype)
+                       self.manifest.kv.dtype, self.manifest.kv.layout)
 
     def forward(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
                 logits_index: np.ndarray | None = None,
@@ -121,6 +127,10 @@ class OnnxEngine:
         if int((cache.lengths + n_new).max()) > cache.max_seq:
             raise EngineError(f"sequence would exceed max_seq {cache.max_seq}",
                               "shorten the prompt or max_tokens")
+        if self.fused:
+            scores, skipped = self._fused(cache, tokens, n_new, logits_index, allow_skip)
+            self._count_skips(skipped, allow_skip, b * s)
+            return scores
         # padded positions past a row's end are never stored; keep them inside the RoPE table
         positions = np.minimum(cache.lengths[:, None] + np.arange(s, dtype=np.int64),
                                self.dims.max_seq - 1)
@@ -144,8 +154,65 @@ class OnnxEngine:
         results = dict(zip(self.output_names, outs, strict=True))
         cache.append({name[4:]: out for name, out in results.items()
                       if name.startswith("new_")}, n_new.astype(np.int64))
-        if self.ffn_skips is not None and allow_skip and b * s == 1:
-            self.ffn_steps += 1
-            self.ffn_skips += results["ffn_skipped"]
+        self._count_skips(results.get("ffn_skipped"), allow_skip, b * s)
         logits: np.ndarray = results["logits"]
         return logits
+
+    def _count_skips(self, skipped: np.ndarray | None, allow_skip: bool, tokens: int) -> None:
+        if self.ffn_skips is not None and skipped is not None and allow_skip and tokens == 1:
+            self.ffn_steps += 1
+            self.ffn_skips += skipped
+
+    def _fused(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
+               logits_index: np.ndarray, allow_skip: bool
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+        """A step of the fused graph. The kernel needs room for the whole padded chunk in
+        every row (length + S <= max_seq); where a short row near its end shares a step
+        with a longer chunk, the rows run one at a time instead, each on its own slice."""
+        s = tokens.shape[1]
+        if int((cache.lengths + s).max()) <= cache.max_seq:
+            logits, skipped = self._run_fused(cache.buffers, cache.lengths, tokens, n_new,
+                                              logits_index, allow_skip)
+        else:
+            logits = np.zeros((*logits_index.shape, self.dims.vocab_size), np.float32)
+            skipped = None
+            for row in np.flatnonzero(n_new):
+                n, sl = int(n_new[row]), slice(row, row + 1)
+                logits[sl], skipped = self._run_fused(
+                    {name: buf[sl] for name, buf in cache.buffers.items()},
+                    cache.lengths[sl], tokens[sl, :n], n_new[sl],
+                    np.minimum(logits_index[sl], n - 1), allow_skip)
+        cache.lengths = cache.lengths + n_new
+        return logits, skipped
+
+    def _run_fused(self, buffers: dict[str, np.ndarray], lengths: np.ndarray,
+                   tokens: np.ndarray, n_new: np.ndarray, logits_index: np.ndarray,
+                   allow_skip: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        total = lengths + n_new
+        io = self.session.io_binding()
+        io.bind_cpu_input("input_ids", np.ascontiguousarray(tokens, dtype=np.int64))
+        # rows idle this step keep their cache; an empty idle row still counts one position
+        io.bind_cpu_input("seqlens_k", np.maximum(total - 1, 0).astype(np.int32))
+        io.bind_cpu_input("query_seqlens", n_new.astype(np.int32))
+        io.bind_cpu_input("total_sequence_length",
+                          np.array(max(int(total.max(initial=0)), 1), np.int32))
+        io.bind_cpu_input("logits_index", np.ascontiguousarray(logits_index, dtype=np.int64))
+        if self.ffn_skips is not None:
+            io.bind_cpu_input("ffn_allow_skip", np.array(allow_skip))
+        for name, buf in buffers.items():
+            value = ort.OrtValue.ortvalue_from_numpy(buf)    # the cache's memory, no copy
+            io.bind_ortvalue_input(f"past_{name}", value)
+            io.bind_ortvalue_output(f"present_{name}", value)
+        io.bind_output("logits")
+        if self.ffn_skips is not None:
+            io.bind_output("ffn_skipped")
+        try:
+            self.session.run_with_iobinding(io)
+        except Exception as e:  # onnxruntime raises untyped errors (memory, shapes)
+            raise EngineError(f"ONNX Runtime failed on a step of {tokens.shape[0]}x"
+                              f"{tokens.shape[1]} tokens ({e})") from e
+        outs = io.get_outputs()
+        n_kv = len(buffers)
+        logits = outs[n_kv].numpy()
+        skipped = outs[n_kv + 1].numpy() if self.ffn_skips is not None else None
+        return logits, skipped

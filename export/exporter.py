@@ -20,6 +20,8 @@ import onnx
 from rung.engines.errors import ExportError
 from rung.engines.manifest import (
     FORMAT_VERSION,
+    HEAD_MAJOR,
+    KV_LAYOUT,
     MANIFEST_NAME,
     KVSpec,
     Manifest,
@@ -32,6 +34,7 @@ from rung.engines.tokenizer import Tokenizer
 from rung.export.checkpoint import Checkpoint, load_checkpoint
 from rung.export.ffn_calibrate import calibrate
 from rung.export.model import RungForCausalLM
+from rung.export.onnx_fused import FUSED_KV, build_fused_graph, fused_io_specs
 from rung.export.onnx_graph import OPSET, build_graph, io_specs
 from rung.export.quantize import BITS, QuantSpec, quant_spec, quantize_graph, quantized_model
 from rung.export.verify import kv_accuracy, verify, weight_accuracy
@@ -55,10 +58,14 @@ class ExportOptions:
     ffn_skip: str = "off"        # off | calibrate | trained (gates shipped in the checkpoint)
     calib_text: Path | None = None
     quality_budget: float = 0.05  # max mean next-token KL (nats) on held-out text
+    # fused (GroupQueryAttention & co., fp32/fp16 KV, fp32/int8/int4 weights) | generic |
+    # auto: fused wherever it applies (docs/benchmarks.md, "Fused graph")
+    graph: str = "auto"
 
 
 WEIGHTS = ("fp32", "fp16", *BITS)
 FFN_SKIP = ("off", "calibrate", "trained")
+GRAPHS = ("auto", "fused", "generic")
 KV = {"fp32": "float32", "fp16": "float16", "fp8": "float8_e4m3fn"}
 
 
@@ -80,6 +87,7 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
         raise ExportError(f"--kv {opts.kv} is not available", f"choose one of {', '.join(KV)}")
     if opts.max_seq is not None and opts.max_seq < 8:
         raise ExportError(f"--max-seq {opts.max_seq} is too small", "give at least 8")
+    graph_form(opts)
     if opts.ffn_skip not in FFN_SKIP:
         raise ExportError(f"--ffn-skip {opts.ffn_skip} is not available",
                           f"choose one of {', '.join(FFN_SKIP)}")
@@ -94,8 +102,10 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until verified
-    with step(f"writing ONNX graph ({opts.weights} weights, {opts.kv} KV)"):
-        reference = write_graph(ckpt, out_dir, opts.weights, spec)
+    fused = graph_form(opts) == "fused"
+    with step(f"writing ONNX graph ({'fused' if fused else 'generic'}, {opts.weights} "
+              f"weights, {opts.kv} KV)"):
+        reference = write_graph(ckpt, out_dir, opts.weights, spec, fused)
     for name in ckpt.tokenizer.files:
         shutil.copyfile(ckpt.path / name, out_dir / name)
     manifest = dataclasses.replace(
@@ -124,6 +134,24 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
     return manifest
 
 
+def graph_form(opts: ExportOptions) -> str:
+    """``fused`` or ``generic`` for ``opts.graph``.
+
+    Raises:
+        ExportError: an unknown form, or ``fused`` where it does not apply.
+    """
+    if opts.graph not in GRAPHS:
+        raise ExportError(f"--graph {opts.graph} is not available",
+                          f"choose one of {', '.join(GRAPHS)}")
+    fits = KV[opts.kv] in FUSED_KV if opts.kv in KV else False
+    fits = fits and opts.weights != "fp16"
+    if opts.graph == "fused" and not fits:
+        raise ExportError(f"--graph fused takes fp32/fp16 KV with fp32/int8/int4 weights, not "
+                          f"{opts.kv} KV with {opts.weights} weights",
+                          "use --graph generic (or auto)")
+    return "fused" if opts.graph == "fused" or (opts.graph == "auto" and fits) else "generic"
+
+
 def prepare_gates(ckpt: Checkpoint, opts: ExportOptions) -> dict[str, Any] | None:
     """Strip, fit or keep the FFN gates; the manifest's ``ffn_gate`` record."""
     model = ckpt.model
@@ -147,11 +175,12 @@ def prepare_gates(ckpt: Checkpoint, opts: ExportOptions) -> dict[str, Any] | Non
 
 
 def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
-                spec: QuantSpec | None = None) -> RungForCausalLM:
-    """Write ``model.onnx`` (+ data) for ``weights``; returns the PyTorch model the graph
-    computes, the reference of the parity check: the checkpoint's own, or with int8/int4
-    weights a copy holding the dequantized weights (read before saving moves them out)."""
-    proto = build_graph(ckpt.model)
+                spec: QuantSpec | None = None, fused: bool = False) -> RungForCausalLM:
+    """Write ``model.onnx`` (+ data) for ``weights``, fused or generic; returns the PyTorch
+    model the graph computes, the reference of the parity check: the checkpoint's own, or
+    with int8/int4 weights a copy holding the dequantized weights (read before saving moves
+    them out)."""
+    proto = build_fused_graph(ckpt.model) if fused else build_graph(ckpt.model)
     reference = ckpt.model
     if spec is not None:
         proto = quantize_graph(proto, spec)
@@ -171,10 +200,11 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
 
 def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
     c, model = ckpt.config, ckpt.model
-    inputs, outputs = io_specs(model)
+    fused = graph_form(opts) == "fused"
+    inputs, outputs = fused_io_specs(model) if fused else io_specs(model)
     files = [GRAPH_FILE, DATA_FILE, *ckpt.tokenizer.files]
     artifacts = {f: sha256_file(out_dir / f) for f in files}
-    kv = KVSpec(dtype=KV[opts.kv],
+    kv = KVSpec(dtype=KV[opts.kv], layout=HEAD_MAJOR if fused else KV_LAYOUT,
                 scale_layout="per_token_per_head" if opts.kv == "fp8" else None)
     engine_id = hashlib.sha256(
         f"{FORMAT_VERSION}|{artifacts[GRAPH_FILE]}|{artifacts[DATA_FILE]}|{kv}".encode()

@@ -10,6 +10,7 @@ into one KV tensor, and only the new positions leave the graph.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -205,10 +206,14 @@ def ffn(g: Builder, model: RungForCausalLM, i: int, x: str) -> str:
     return linear(g, act, mlp.down_proj, f"{pre}.down_proj")
 
 
-def gated_ffn(g: Builder, model: RungForCausalLM, i: int, x: str, h: str,
-              single: str) -> tuple[str, str]:
+FFN = Callable[[Builder, RungForCausalLM, int, str], str]
+
+
+def gated_ffn(g: Builder, model: RungForCausalLM, i: int, x: str | None, h: str,
+              single: str, ffn_block: FFN = ffn) -> tuple[str, str]:
     """``x + FFN(h)``, behind an ``If`` that skips the FFN when this is a one-token step
-    (``single``) and the layer's gate says ``z > 0``. Returns (output, skip flag [1])."""
+    (``single``) and the layer's gate says ``z > 0``; without ``x``, ``FFN(h)`` or zeros
+    (the fused graph adds the residual in its next norm). Returns (output, skip flag [1])."""
     gate, pre = model.model.layers[i].mlp.ffn_gate, f"layers.{i}.mlp.ffn_gate"
     if gate is None:
         raise ValueError(f"layer {i} has no ffn_gate")
@@ -217,9 +222,15 @@ def gated_ffn(g: Builder, model: RungForCausalLM, i: int, x: str, h: str,
     skip = g.op("And", single, g.op("Greater", z, g.const(0.0, np.float32)))
     out = g.fresh("ffn_out")
     then_g = Builder(counter=g.counter)
-    then_g.op("Identity", x, out=out)
+    if x is None:
+        then_g.op("ConstantOfShape", then_g.op("Shape", h), out=out)        # float zeros
+    else:
+        then_g.op("Identity", x, out=out)
     else_g = Builder(counter=then_g.counter)
-    else_g.op("Add", x, ffn(else_g, model, i, h), out=out)
+    if x is None:
+        else_g.op("Identity", ffn_block(else_g, model, i, h), out=out)
+    else:
+        else_g.op("Add", x, ffn_block(else_g, model, i, h), out=out)
     g.counter = else_g.counter
     value = helper.make_tensor_value_info(out, TensorProto.FLOAT, None)
     branches = {name: helper.make_graph(b.nodes, f"{name}_{i}", [], [value],
@@ -244,13 +255,21 @@ def decoder_layer(g: Builder, model: RungForCausalLM, i: int, x: str, sh: Shared
 
 
 def lm_head(g: Builder, model: RungForCausalLM, x: str) -> str:
+    return lm_logits(g, model, x, lambda g, y: rms_norm(g, y, model.model.norm.weight,
+                                                        model.model.norm.eps, "norm"))
+
+
+def lm_logits(g: Builder, model: RungForCausalLM, x: str,
+              final_norm: Callable[[Builder, str], str]) -> str:
+    """Graph output ``logits`` [B, K, V]: the final norm and the LM head at the
+    ``logits_index`` positions of ``x`` [B, S, H] only."""
     c = model.cfg
     # pick the scored positions: logits_index [B, K] -> hidden [B, K, H]
     idx_shape = g.op("Shape", "logits_index")
     idx = g.op("Expand", g.op("Unsqueeze", "logits_index", g.const([2], np.int64)),
                g.op("Concat", idx_shape, g.const([c.hidden_size], np.int64), axis=0))
     x = g.op("GatherElements", x, idx, axis=1)
-    x = rms_norm(g, x, model.model.norm.weight, model.model.norm.eps, "norm")
+    x = final_norm(g, x)
     head = ("embed_tokens.weight" if c.tie_word_embeddings
             else g.init("lm_head.weight", _np(model.lm_head.weight)))      # [V, H]
     flat = g.op("Reshape", x, g.const([-1, c.hidden_size], np.int64))
@@ -282,7 +301,8 @@ def io_specs(model: RungForCausalLM) -> tuple[list[TensorSpec], list[TensorSpec]
     return inputs, outputs
 
 
-_ONNX_TYPES = {"int64": TensorProto.INT64, "bool": TensorProto.BOOL, **KV_ONNX}
+_ONNX_TYPES = {"int64": TensorProto.INT64, "int32": TensorProto.INT32, "bool": TensorProto.BOOL,
+               **KV_ONNX}
 
 
 def _value_info(spec: TensorSpec) -> onnx.ValueInfoProto:

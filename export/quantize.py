@@ -38,6 +38,7 @@ from onnx import helper, numpy_helper
 
 from rung.engines.errors import ExportError
 from rung.export.model import RungForCausalLM
+from rung.export.onnx_fused import PACKED
 
 BITS = {"int8": 8, "int4": 4}
 # The LM head at 8 bits for both precisions: see the module docstring.
@@ -215,16 +216,39 @@ def quantized_model(model: RungForCausalLM, proto: onnx.ModelProto) -> RungForCa
     if ref.cfg.tie_word_embeddings:
         ref.lm_head.weight = torch.nn.Parameter(ref.lm_head.weight.detach().clone())
     with torch.no_grad():
-        for name, weight, step in dequantized_weights(proto):
-            linear = ref.lm_head if name == "lm_head" else ref.model.get_submodule(name)
-            original = linear.weight.numpy()
-            off = (float((np.abs(weight - original) / np.maximum(np.abs(step), 1e-30)).max())
-                   if original.shape == weight.shape else np.inf)
-            if off > 1.001:
-                raise ExportError(f"the quantized {name} weight is not the model's (off by "
-                                  f"{off:.3g} steps)", "report it with the checkpoint config")
+        for name, linear, weight, step in dequantized_linears(proto, ref):
+            _check_rounded(name, linear.weight.numpy(), weight, step)
             linear.weight.copy_(torch.from_numpy(weight))
     return ref.eval()
+
+
+def dequantized_linears(proto: onnx.ModelProto, model: torch.nn.Module
+                        ) -> Iterator[tuple[str, torch.nn.Linear, np.ndarray, np.ndarray]]:
+    """``dequantized_weights`` matched to the linear layers of ``model`` (ours or a
+    transformers model: both have ``.model.layers...`` and ``.lm_head``): per layer its name,
+    the module, its dequantized weight and step. The fused graph's packed weights
+    (``qkv_proj``, ``gate_up_proj``) are split back into their layers by output rows."""
+    for name, weight, step in dequantized_weights(proto):
+        parent, _, leaf = name.rpartition(".")
+        if leaf in PACKED:
+            names = [f"{parent}.{part}" for part in PACKED[leaf]]
+            linears = [model.get_submodule(f"model.{n}") for n in names]
+            cuts = np.cumsum([m.weight.shape[0] for m in linears])[:-1]
+            for n, m, w, st in zip(names, linears, np.split(weight, cuts),
+                                   np.split(step, cuts), strict=True):
+                yield n, m, np.ascontiguousarray(w), np.ascontiguousarray(st)
+        else:
+            yield name, model.get_submodule("lm_head" if name == "lm_head"
+                                            else f"model.{name}"), weight, step
+
+
+def _check_rounded(name: str, original: np.ndarray, weight: np.ndarray,
+                   step: np.ndarray) -> None:
+    off = (float((np.abs(weight - original) / np.maximum(np.abs(step), 1e-30)).max())
+           if original.shape == weight.shape else np.inf)
+    if off > 1.001:
+        raise ExportError(f"the quantized {name} weight is not the model's (off by "
+                          f"{off:.3g} steps)", "report it with the checkpoint config")
 
 
 def count_ops(proto: onnx.ModelProto) -> dict[str, int]:

@@ -23,13 +23,28 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
 @pytest.fixture(scope="session")
 def engines(checkpoints: dict[str, tuple[Path, Any]],
             tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """arch -> exported fp32 engine dir (verified by the exporter)."""
+    """arch -> exported fp32 engine dir (verified by the exporter; the fused graph)."""
     from rung.export.exporter import ExportOptions, export
 
     out = {}
     for arch, (path, _) in checkpoints.items():
         engine_dir = tmp_path_factory.mktemp(f"engine-{arch}")
         export(path, engine_dir, ExportOptions(kv="fp32", max_seq=128))
+        out[arch] = engine_dir
+    return out
+
+
+@pytest.fixture(scope="session")
+def generic_engines(checkpoints: dict[str, tuple[Path, Any]],
+                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """arch -> the same fp32 engines as ``engines``, as the generic graph (position-major
+    KV, plain ONNX ops) instead of the fused one."""
+    from rung.export.exporter import ExportOptions, export
+
+    out = {}
+    for arch, (path, _) in checkpoints.items():
+        engine_dir = tmp_path_factory.mktemp(f"generic-{arch}")
+        export(path, engine_dir, ExportOptions(kv="fp32", max_seq=128, graph="generic"))
         out[arch] = engine_dir
     return out
 

@@ -30,9 +30,9 @@ def _edit(engine_dir: Path, fn: object) -> None:
 def test_round_trip(engine_dir: Path) -> None:
     m = load_manifest(engine_dir)
     assert m.format_version == FORMAT_VERSION and len(m.engine_id) == 16
-    assert m.kv.dtype == "float32" and m.kv.layout == "position_major_SBHD"
-    assert [t.name for t in m.inputs[:4]] == ["input_ids", "position_ids", "past_lengths",
-                                              "logits_index"]
+    assert m.kv.dtype == "float32" and m.kv.layout == "head_major_BHSD"
+    assert [t.name for t in m.inputs[:5]] == ["input_ids", "seqlens_k", "query_seqlens",
+                                              "total_sequence_length", "logits_index"]
     assert m.to_json() == load_manifest(engine_dir).to_json()
 
 

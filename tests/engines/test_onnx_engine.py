@@ -92,8 +92,8 @@ def test_kv_bytes_per_token(engines: dict[str, Path]) -> None:
     assert engine.manifest.kv.bytes_per_token(d) == expected
 
 
-def test_past_is_a_view_not_a_copy(engines: dict[str, Path]) -> None:
-    engine = load_engine(engines["llama"])
+def test_past_is_a_view_not_a_copy(generic_engines: dict[str, Path]) -> None:
+    engine = load_engine(generic_engines["llama"])
     cache = engine.new_cache(2)
     engine.forward(cache, np.stack([_ids(5), _ids(5, 3)]), np.array([5, 3]))
     k = cache.past()["key_0"]

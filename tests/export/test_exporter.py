@@ -99,20 +99,22 @@ def test_verification_failure_fails_the_export(checkpoints: dict[str, tuple[Path
                                                tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import rung.export.exporter as exporter
-    import rung.export.onnx_graph as graph
 
-    real = graph.build_graph
-
-    def broken(model: Any) -> Any:  # a graph whose final norm weights are off by 10 %
-        with torch.no_grad():
-            model.model.norm.weight.mul_(1.1)
-        try:
-            return real(model)
-        finally:
+    def broken(real: Any) -> Any:  # a graph whose final norm weights are off by 10 %
+        def build(model: Any) -> Any:
             with torch.no_grad():
-                model.model.norm.weight.div_(1.1)
+                model.model.norm.weight.mul_(1.1)
+            try:
+                return real(model)
+            finally:
+                with torch.no_grad():
+                    model.model.norm.weight.div_(1.1)
+        return build
 
-    monkeypatch.setattr(exporter, "build_graph", broken)
-    with pytest.raises(ExportError, match="verification failed"):
-        export(checkpoints["mistral"][0], tmp_path, ExportOptions(kv="fp32", max_seq=64))
-    assert not (tmp_path / "manifest.json").exists()
+    for name in ("build_graph", "build_fused_graph"):
+        monkeypatch.setattr(exporter, name, broken(getattr(exporter, name)))
+    for graph in ("fused", "generic"):
+        with pytest.raises(ExportError, match="verification failed"):
+            export(checkpoints["mistral"][0], tmp_path / graph,
+                   ExportOptions(kv="fp32", max_seq=64, graph=graph))
+        assert not (tmp_path / graph / "manifest.json").exists()

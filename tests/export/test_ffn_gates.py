@@ -24,7 +24,8 @@ pytestmark = pytest.mark.integration
 
 
 def _export_with_gates(hf: Path, out: Path, bias: float,
-                       monkeypatch: pytest.MonkeyPatch, zero_ffn: bool = False) -> Path:
+                       monkeypatch: pytest.MonkeyPatch, zero_ffn: bool = False,
+                       graph: str = "auto") -> Path:
     """Export with every gate forced (bias > 0: always skip; < 0: never), or a plain export
     of the model with its FFNs zeroed."""
     real = exporter.prepare_gates
@@ -43,7 +44,7 @@ def _export_with_gates(hf: Path, out: Path, bias: float,
         return {"mode": "forced"}
 
     monkeypatch.setattr(exporter, "prepare_gates", forced)
-    export(hf, out, ExportOptions(kv="fp32", max_seq=64))
+    export(hf, out, ExportOptions(kv="fp32", max_seq=64, graph=graph))
     monkeypatch.setattr(exporter, "prepare_gates", real)
     return out
 
@@ -76,12 +77,17 @@ def test_skip_all_equals_zeroed_ffns(checkpoints: dict[str, tuple[Path, Any]],
     assert gated.ffn_skips.tolist() == [13, 13]
 
 
+@pytest.mark.parametrize("graph", ["fused", "generic"])
 def test_skip_none_equals_plain_export_bit_for_bit(
-        checkpoints: dict[str, tuple[Path, Any]], engines: dict[str, Path], tmp_path: Path,
+        graph: str, checkpoints: dict[str, tuple[Path, Any]], engines: dict[str, Path],
+        generic_engines: dict[str, Path], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    gated_dir = _export_with_gates(checkpoints["llama"][0], tmp_path / "g", -1e4, monkeypatch)
-    assert "If" in _op_types(gated_dir) and "If" not in _op_types(engines["llama"])
-    gated, plain = load_engine(gated_dir), load_engine(engines["llama"])
+    gated_dir = _export_with_gates(checkpoints["llama"][0], tmp_path / "g", -1e4, monkeypatch,
+                                   graph=graph)
+    plain_dir = (engines if graph == "fused" else generic_engines)["llama"]
+    assert "If" in _op_types(gated_dir) and "If" not in _op_types(plain_dir)
+    assert ("GroupQueryAttention" in _op_types(gated_dir)) == (graph == "fused")
+    gated, plain = load_engine(gated_dir), load_engine(plain_dir)
     prompt = list(range(10, 21))
     np.testing.assert_array_equal(_decode(gated, prompt, 15), _decode(plain, prompt, 15))
     assert gated.ffn_steps == 15 and gated.ffn_skips is not None

@@ -19,7 +19,7 @@ from rung.engines.errors import ExportError
 from rung.engines.manifest import load_manifest
 from rung.engines.tokenizer import Tokenizer
 from rung.export.exporter import ExportOptions, export
-from rung.export.quantize import count_ops, dequantized_weights, graphs
+from rung.export.quantize import count_ops, dequantized_linears, graphs
 from rung.export.verify import logit_metrics
 from tests.checkpoints import CASES
 
@@ -108,8 +108,7 @@ def test_logits_close_to_transformers(case: tuple[str, str, str],
     deq = copy.deepcopy(hf)
     deq.lm_head.weight = torch.nn.Parameter(deq.lm_head.weight.detach().clone())  # untie
     with torch.no_grad():
-        for name, w, _ in dequantized_weights(_graph(quantized[case], data=True)):
-            module = deq.lm_head if name == "lm_head" else deq.model.get_submodule(name)
+        for _, module, w, _ in dequantized_linears(_graph(quantized[case], data=True), deq):
             module.weight.copy_(torch.from_numpy(w))
     tight = logit_metrics(_hf_logits(deq, ids), mine)
     assert tight["mean_kl"] < AGAINST_DEQUANTIZED[0], tight

@@ -1,0 +1,193 @@
+"""The fused decoder graph: ONNX Runtime's contrib ops where they pay, for fp32/fp16 KV.
+
+The same model as ``rung.export.onnx_graph`` (which stays the generic path: fp8 KV, fp16
+weights), written with ONNX Runtime's fused kernels so a decode step runs about a dozen
+nodes per layer instead of about fifty:
+
+- ``GroupQueryAttention`` (``com.microsoft``) with rotary embedding inside
+  (``do_rotary``), packed QKV, and the KV cache as one shared buffer per layer
+  ``[B, Hkv, C, D]`` (head-major) that the kernel appends to in place: the engine binds
+  ``past_key_{i}`` and ``present_key_{i}`` to the same memory. Right-padded rows of
+  different lengths, rows idle this step and chunked prefill are the kernel's own
+  ``query_seqlens`` (valid new tokens per row) and ``seqlens_k`` (tokens in the row's
+  cache after the step, minus one).
+- ``SkipSimplifiedLayerNormalization`` (``com.microsoft``): residual add + RMSNorm in one
+  kernel; ``SimplifiedLayerNormalization`` where there is no residual to add.
+- Packed projections: q/k/v as one ``MatMul`` (``qkv_proj``) and gate/up as one
+  (``gate_up_proj``), so int8/int4 weights are one ``MatMulNBits`` each.
+
+Qwen3's per-head q/k norms run as ``SimplifiedLayerNormalization`` before the kernel (its
+CPU kernel does not take ``q_norm_weight``); the kernel's rotary then follows the norm as
+in the model. FFN gates (``--ffn-skip``) wrap the FFN in the same ``If`` as the generic
+graph, with zeros for a skipped FFN, so that a gate that never skips computes exactly what
+the ungated graph does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper
+
+from rung.engines.manifest import TensorSpec
+from rung.export.model import RungForCausalLM, rope_table
+from rung.export.onnx_graph import (
+    IR_VERSION,
+    KV_ONNX,
+    OPSET,
+    Builder,
+    _np,
+    _value_info,
+    gated_ffn,
+    lm_logits,
+)
+
+MS = "com.microsoft"
+# KV dtypes the fused kernel keeps in its cache (fp8 with per-token scales is generic-only)
+FUSED_KV = ("float32", "float16")
+# packed weight -> the model's linear layers it concatenates (rows, in this order)
+PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def packed_linear(g: Builder, x: str, mods: list[torch.nn.Linear], name: str) -> str:
+    """One ``MatMul`` for several linear layers of the same input: outputs concatenated."""
+    weight = np.concatenate([_np(m.weight) for m in mods], axis=0).T      # [in, sum(out)]
+    y = g.op("MatMul", x, g.init(f"{name}.weight_t", weight))
+    if any(m.bias is not None for m in mods):
+        bias = np.concatenate([_np(m.bias) if m.bias is not None
+                               else np.zeros(m.weight.shape[0], np.float32) for m in mods])
+        y = g.op("Add", y, g.init(f"{name}.bias", bias))
+    return y
+
+
+def norm(g: Builder, x: str, weight: torch.Tensor, eps: float, name: str) -> str:
+    return g.op("SimplifiedLayerNormalization", x, g.init(f"{name}.weight", _np(weight)),
+                axis=-1, epsilon=eps, stash_type=1)
+
+
+def skip_norm(g: Builder, x: str, residual: str, weight: torch.Tensor, eps: float,
+              name: str) -> tuple[str, str]:
+    """RMSNorm of ``x + residual``; returns (normalized, the sum: the new residual)."""
+    out, total = g.fresh("skipnorm"), g.fresh("residual")
+    g.nodes.append(helper.make_node(
+        "SkipSimplifiedLayerNormalization", [x, residual, g.init(f"{name}.weight", _np(weight))],
+        [out, "", "", total], name=g.fresh("n_SkipSimplifiedLayerNormalization"), domain=MS,
+        epsilon=eps))
+    return out, total
+
+
+def head_norm(g: Builder, x: str, heads: int, d: int, mod: torch.nn.Module, name: str) -> str:
+    """Per-head RMSNorm of ``x`` [B, S, heads * D] (Qwen3's q_norm / k_norm)."""
+    y = g.op("Reshape", x, g.const([0, 0, heads, d], np.int64))
+    y = norm(g, y, mod.weight, mod.eps, name)
+    return g.op("Reshape", y, g.const([0, 0, heads * d], np.int64))
+
+
+def attention(g: Builder, model: RungForCausalLM, i: int, h: str) -> str:
+    c, layer = model.cfg, model.model.layers[i].self_attn
+    pre, d = f"layers.{i}.self_attn", c.head_dim
+    qkv = packed_linear(g, h, [layer.q_proj, layer.k_proj, layer.v_proj], f"{pre}.qkv_proj")
+    if layer.q_norm is not None and layer.k_norm is not None:
+        q, k, v = g.ops("Split", [qkv, g.const([c.num_heads * d, c.num_kv_heads * d,
+                                                c.num_kv_heads * d], np.int64)], 3, axis=-1)
+        q = head_norm(g, q, c.num_heads, d, layer.q_norm, f"{pre}.q_norm")
+        k = head_norm(g, k, c.num_kv_heads, d, layer.k_norm, f"{pre}.k_norm")
+        qkv_inputs = [q, k, v]
+    else:
+        qkv_inputs = [qkv, "", ""]
+    out = g.fresh("attn")
+    g.nodes.append(helper.make_node(
+        "GroupQueryAttention",
+        [*qkv_inputs, f"past_key_{i}", f"past_value_{i}", "seqlens_k", "total_sequence_length",
+         "rope_cos", "rope_sin", "", "", "", "", "", "", "", "query_seqlens"],
+        [out, f"present_key_{i}", f"present_value_{i}"], name=g.fresh("n_GQA"), domain=MS,
+        num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=1,
+        rotary_interleaved=0))
+    w = _np(layer.o_proj.weight).T
+    y = g.op("MatMul", out, g.init(f"{pre}.o_proj.weight_t", w))
+    if layer.o_proj.bias is not None:
+        y = g.op("Add", y, g.init(f"{pre}.o_proj.bias", _np(layer.o_proj.bias)))
+    return y
+
+
+def ffn(g: Builder, model: RungForCausalLM, i: int, h: str) -> str:
+    mlp, pre = model.model.layers[i].mlp, f"layers.{i}.mlp"
+    width = mlp.gate_proj.weight.shape[0]
+    gate_up = packed_linear(g, h, [mlp.gate_proj, mlp.up_proj], f"{pre}.gate_up_proj")
+    gate, up = g.ops("Split", [gate_up, g.const([width, width], np.int64)], 2, axis=-1)
+    act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
+    w = _np(mlp.down_proj.weight).T
+    return g.op("MatMul", act, g.init(f"{pre}.down_proj.weight_t", w))
+
+
+def build_fused_graph(model: RungForCausalLM) -> onnx.ModelProto:
+    """The fused fp32 decoder graph for ``model``; its KV dtype must be in ``FUSED_KV``."""
+    c, layers = model.cfg, model.model.layers
+    kv = layers[0].self_attn.kv_dtype
+    if kv not in FUSED_KV:
+        raise ValueError(f"the fused graph keeps {', '.join(FUSED_KV)} KV, not {kv}")
+    g = Builder()
+    cos_t, sin_t = rope_table(c, model.max_seq)
+    half = c.head_dim // 2
+    g.init("rope_cos", _np(cos_t)[:, :half])
+    g.init("rope_sin", _np(sin_t)[:, :half])
+    single = (g.op("And", "ffn_allow_skip",
+                   g.op("Equal", g.op("Size", "input_ids"), g.const(1, np.int64)))
+              if model.has_ffn_gates else None)
+    x = g.op("Gather", g.init("embed_tokens.weight", _np(model.model.embed_tokens.weight)),
+             "input_ids")                                                   # [B, S, H]
+    pending: str | None = None   # the last FFN's output, added to x by the next norm
+    skips: list[str] = []
+    for i, block in enumerate(layers):
+        eps = block.input_layernorm.eps
+        name = f"layers.{i}.input_layernorm"
+        if pending is None:
+            h = norm(g, x, block.input_layernorm.weight, eps, name)
+        else:
+            h, x = skip_norm(g, pending, x, block.input_layernorm.weight, eps, name)
+        h, x = skip_norm(g, attention(g, model, i, h), x, block.post_attention_layernorm.weight,
+                         eps, f"layers.{i}.post_attention_layernorm")
+        if single is None:
+            pending = ffn(g, model, i, h)
+        else:
+            pending, skipped = gated_ffn(g, model, i, None, h, single, ffn)
+            skips.append(skipped)
+    if pending is None:
+        raise ValueError("the model has no layers")
+    x = g.op("Add", x, pending)
+    lm_logits(g, model, x, lambda g, y: norm(g, y, model.model.norm.weight,
+                                             model.model.norm.eps, "norm"))
+    if skips:
+        g.op("Concat", *skips, axis=0, out="ffn_skipped")                 # [L] bool
+    inputs, outputs = fused_io_specs(model)
+    graph = helper.make_graph(g.nodes, "rung_decoder_fused", [_value_info(t) for t in inputs],
+                              [_value_info(t) for t in outputs], initializer=g.inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid(MS, 1)],
+                              producer_name="rung")
+    proto.ir_version = IR_VERSION
+    return proto
+
+
+def fused_io_specs(model: RungForCausalLM) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    c = model.cfg
+    kv_dtype = model.model.layers[0].self_attn.kv_dtype
+    if kv_dtype not in KV_ONNX:
+        raise ValueError(f"unknown KV dtype {kv_dtype}")
+    cache = ["B", c.num_kv_heads, "C", c.head_dim]
+    inputs = [TensorSpec("input_ids", "int64", ["B", "S"]),
+              TensorSpec("seqlens_k", "int32", ["B"]),
+              TensorSpec("query_seqlens", "int32", ["B"]),
+              TensorSpec("total_sequence_length", "int32", []),
+              TensorSpec("logits_index", "int64", ["B", "K"])]
+    outputs = [TensorSpec("logits", "float32", ["B", "K", c.vocab_size])]
+    if model.has_ffn_gates:
+        inputs.append(TensorSpec("ffn_allow_skip", "bool", []))
+        outputs.append(TensorSpec("ffn_skipped", "bool", [c.num_layers]))
+    for i in range(c.num_layers):
+        for part in ("key", "value"):
+            inputs.append(TensorSpec(f"past_{part}_{i}", kv_dtype, list(cache)))
+            outputs.append(TensorSpec(f"present_{part}_{i}", kv_dtype, list(cache)))
+    return inputs, outputs
+
