@@ -26,9 +26,9 @@ def _export_parser(sub: Any) -> None:
     p = sub.add_parser("export", help="export a Hugging Face checkpoint to an engine directory")
     p.add_argument("hf_dir", type=Path, help="local Hugging Face model directory")
     p.add_argument("-o", "--output", type=Path, required=True, help="engine directory to write")
-    p.add_argument("--weights", default="fp32", choices=["fp32", "fp16", "int8", "int4"],
-                   help="weight precision; int8/int4 are blockwise MatMulNBits (the LM head "
-                   "at 8 bits, embeddings fp32)")
+    p.add_argument("--weights", choices=["fp32", "fp16", "int8", "int4"],
+                   help="weight precision (default fp32; fp16 with --target trt); int8/int4 "
+                   "are blockwise MatMulNBits (the LM head at 8 bits, embeddings fp32)")
     p.add_argument("--block-size", type=int,
                    help="int8/int4: input channels sharing one scale, a power of two >= 16 "
                    "(default 32)")
@@ -45,7 +45,16 @@ def _export_parser(sub: Any) -> None:
                    help="fused: ONNX Runtime's GroupQueryAttention & co. (fp32/fp16 KV, not "
                    "fp16 weights); generic: plain ONNX ops (every KV dtype); auto (default): "
                    "fused where it applies")
-    p.add_argument("--target", default="onnx", choices=["onnx", "trt"])
+    p.add_argument("--target", default="onnx", choices=["onnx", "trt"],
+                   help="trt: also build a TensorRT plan on this box's GPU (docs/jetson.md)")
+    p.add_argument("--trt-max-batch", type=int, default=4,
+                   help="--target trt: most requests decoded together (engine.max_batch)")
+    p.add_argument("--trt-chunk", type=int, default=256,
+                   help="--target trt: most prompt tokens per engine call (longer prompts "
+                   "run in chunks)")
+    p.add_argument("--trt-kv-fallback", default="refuse", choices=["refuse", "fp16"],
+                   help="--target trt on a GPU without FP8 (compute capability below 8.9, "
+                   "e.g. Jetson Orin): refuse --kv fp8 (default) or export fp16 KV")
     p.add_argument("--max-seq", type=int, help="longest sequence served (default: min(4096, "
                    "the model's max_position_embeddings))")
     p.add_argument("--norm-eps", type=float, help="override the RMSNorm eps")
@@ -70,6 +79,10 @@ def _generate_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = default)")
+    p.add_argument("--backend", default="onnx", choices=["onnx", "trt"],
+                   help="onnx: ONNX Runtime; trt: the TensorRT plan of --target trt")
+    p.add_argument("--provider", choices=["cpu", "cuda"],
+                   help="ONNX Runtime's execution provider (default cpu)")
     p.add_argument("--kv-cache", type=Path, metavar="DIR",
                    help="state directory of the compressed KV cache: prompt prefixes seen "
                    "before (in this or an earlier run) are restored, not prefilled")
@@ -112,14 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
 def run_export(args: argparse.Namespace) -> int:
     from rung.engines.errors import ExportError
 
-    if args.target != "onnx":
-        raise ExportError(f"--target {args.target} is not available in this version",
-                          "export with --target onnx")
     try:
         from rung.export.exporter import ExportOptions, export
     except ImportError as e:
         raise ExportError(f"the exporter needs the [export] extra ({e.name} is missing)",
                           "pip install 'rung[export]'") from e
+    if args.weights is None:  # a plan computes in the graph's own precision
+        args.weights = "fp16" if args.target == "trt" else "fp32"
+    if args.target == "trt":
+        export = _trt_exporter(args)
     m = export(args.hf_dir, args.output, ExportOptions(
         weights=args.weights, block_size=args.block_size, kv=args.kv, max_seq=args.max_seq,
         norm_eps=args.norm_eps, verify=not args.no_verify, ffn_skip=args.ffn_skip,
@@ -139,17 +153,32 @@ def run_export(args: argparse.Namespace) -> int:
               f"{quant['lm_head_bits']}-bit) against fp32 weights: mean KL "
               f"{quant['accuracy']['mean_kl']:.2e}, greedy agreement "
               f"{quant['accuracy']['greedy_agreement']:.2f}")
+    if m.trt is not None:
+        check = m.trt.parity or {}
+        print(f"TensorRT {m.trt.tensorrt_version} plan for {m.trt.device_name} (compute "
+              f"capability {m.trt.compute_capability}): {m.trt.weights} weights, {m.kv.dtype} "
+              f"KV ({m.trt.kv_reason}); against ONNX Runtime on the CPU: max logit error "
+              f"{check.get('max_abs_logit_diff', float('nan')):.2e}, argmax agreement "
+              f"{check.get('argmax_agreement', float('nan')):.2f}")
     print(f"exported {m.dims.hf_architecture} to {args.output} (engine {m.engine_id}, "
           f"{m.weights} weights, {m.kv.dtype} KV {m.kv.bytes_per_token(m.dims)} B/token, "
           f"max_seq {m.dims.max_seq}; {verdict})")
     return 0
 
 
+def _trt_exporter(args: argparse.Namespace) -> Any:
+    """``export`` followed by the TensorRT plan's build (export/trt_build.py)."""
+    from rung.export.trt_build import TrtBuildOptions, export_trt
+
+    topts = TrtBuildOptions(max_batch=args.trt_max_batch, prefill_chunk=args.trt_chunk,
+                            kv_fallback=args.trt_kv_fallback)
+    return lambda hf_dir, out_dir, opts: export_trt(hf_dir, out_dir, opts, topts)
+
+
 def run_generate(args: argparse.Namespace) -> int:
-    from rung.engines import load_engine
+    from rung.engines import engine_options, load_engine
     from rung.engines.errors import GenerationError
     from rung.engines.generate import generate
-    from rung.engines.onnx_engine import EngineOptions
     from rung.engines.progress import set_enabled, step
     from rung.engines.sampler import SamplingParams
     from rung.engines.tokenizer import Tokenizer
@@ -162,7 +191,8 @@ def run_generate(args: argparse.Namespace) -> int:
     set_enabled(not args.json)
     t0 = time.perf_counter()
     with step(f"loading engine {args.engine_dir}"):
-        engine = load_engine(args.engine_dir, "onnx", EngineOptions(threads=args.threads))
+        engine = load_engine(args.engine_dir, args.backend, engine_options(
+            args.backend, args.provider, threads=args.threads))
         tok = Tokenizer.load(args.engine_dir, engine.manifest.tokenizer)
     load_ms = (time.perf_counter() - t0) * 1000
     prefix = _prefix_cache(args, engine)

@@ -41,6 +41,8 @@ class EngineConfig:
     threads: int = 0  # intra-op threads; 0 = the ONNX Runtime default
     max_batch: int = 1  # requests decoded together
     prepack: bool | None = None  # ONNX Runtime weight prepacking; None = by weight precision
+    backend: str = "onnx"  # onnx (ONNX Runtime) | trt (the TensorRT plan of --target trt)
+    provider: str | None = None  # ONNX Runtime's execution provider: cpu (None) | cuda
 
 
 @dataclass(frozen=True)
@@ -331,6 +333,12 @@ def _check_modbus(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
         raise _Invalid(f"{key}.reconnect_max_s", f"must be >= {key}.reconnect_min_s ({lo:g})")
 
 
+def _check_engine(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+    if values.get("backend") == "trt" and values.get("provider") is not None:
+        raise _Invalid(f"{key}.provider", f"applies to {key}.backend onnx only",
+                       "drop it: TensorRT always runs on the GPU")
+
+
 def _check_metrics(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
     host = values.get("host", "127.0.0.1")
     try:
@@ -374,7 +382,11 @@ _TOP = {
     "engine": _section(EngineConfig, {"path": _path(expect="the exported engine directory"),
                                       "threads": _int(0), "max_batch": _int(1),
                                       "prepack": _Key(_bool, "true or false",
-                                                      nullable=True)}),
+                                                      nullable=True),
+                                      "backend": _choice("onnx", "trt"),
+                                      "provider": _Key(_choice("cpu", "cuda").conv,
+                                                       "one of cpu, cuda", nullable=True)},
+                       check=_check_engine),
     "mqtt": _section(MQTTConfig, _MQTT, check=_check_mqtt),
     "queue": _section(QueueConfig, {"max_pending": _int(1),
                                     "request_timeout_s": _num(0, strict=True)}),

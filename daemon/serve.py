@@ -39,14 +39,14 @@ VERSION = "0.1.0"
 def build_runner(cfg: Config) -> TaskRunner:
     """Engine, tokenizer, tasks (grammars compiled) and the prefix cache of a config."""
     from rung.daemon.tasks import load_tasks
-    from rung.engines import load_engine
+    from rung.engines import engine_options, load_engine
     from rung.engines.kv_store import ColdStore
-    from rung.engines.onnx_engine import EngineOptions
     from rung.engines.prefix_cache import PrefixCache
     from rung.engines.tokenizer import Tokenizer
 
-    engine = load_engine(cfg.engine.path, "onnx", EngineOptions(
-        threads=cfg.engine.threads, prepack=cfg.engine.prepack))
+    e = cfg.engine
+    engine = load_engine(e.path, e.backend, engine_options(e.backend, e.provider, e.threads,
+                                                           e.prepack))
     m = engine.manifest
     tok = Tokenizer.load(cfg.engine.path, m.tokenizer)
     store = ColdStore(m.engine_id, int(cfg.kv.ram_mb * 2**20),

@@ -46,6 +46,7 @@ class Engine(Protocol):
 # backend name -> "module:factory"; factories take (engine_dir, manifest, options)
 BACKENDS: dict[str, str] = {
     "onnx": "rung.engines.onnx_engine:OnnxEngine",
+    "trt": "rung.engines.trt_engine:TrtEngine",   # a plan from `rung export --target trt`
 }
 
 
@@ -59,3 +60,28 @@ def load_engine(engine_dir: Path, backend: str = "onnx", options: Any = None) ->
     cls = getattr(importlib.import_module(module), factory)
     engine: Engine = cls(Path(engine_dir), manifest, options)
     return engine
+
+
+def engine_options(backend: str, provider: str | None = None, threads: int = 0,
+                   prepack: bool | None = None) -> Any:
+    """The options of ``backend``: ONNX Runtime's (``provider`` cpu by default; cuda only
+    where ONNX Runtime has its CUDA execution provider) or TensorRT's.
+
+    Raises:
+        EngineError: an unknown backend, a provider with the TensorRT backend, or provider
+            cuda without ONNX Runtime's CUDA execution provider.
+    """
+    if backend not in BACKENDS:
+        raise EngineError(f"unknown engine backend {backend!r}",
+                          f"choose one of {', '.join(BACKENDS)}")
+    if backend == "trt":
+        if provider is not None:
+            raise EngineError("an execution provider applies to the onnx backend only",
+                              "drop the provider: TensorRT always runs on the GPU")
+        from rung.engines.trt_engine import TrtOptions
+        return TrtOptions()
+    if provider == "cuda":
+        from rung.engines.gpu import require_ort_cuda
+        require_ort_cuda()
+    from rung.engines.onnx_engine import EngineOptions
+    return EngineOptions(provider=provider or "cpu", threads=threads, prepack=prepack)

@@ -9,6 +9,10 @@ tolerances in the parity record; format 1 manifests still load (those keys defau
 empty). An engine with quantized weights needs an ONNX Runtime with the ``com.microsoft``
 ``MatMulNBits`` op (every CPU build has it).
 
+Format 3 adds the optional ``trt`` record: a TensorRT plan built from the graph for one GPU
+(``rung export --target trt``), listed in ``artifacts`` like every other file. Formats 1 and
+2 still load (no plan).
+
 Layout of the graph the manifest describes:
 
     inputs   input_ids      int64  [B, S]
@@ -41,7 +45,7 @@ from typing import Any
 
 from rung.engines.errors import ManifestError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 OLDEST_FORMAT = 1  # format 1 lacks only optional keys
 MANIFEST_NAME = "manifest.json"
 KV_LAYOUT = "position_major_SBHD"
@@ -123,6 +127,27 @@ class Parity:
 
 
 @dataclass(frozen=True)
+class TrtPlan:
+    """A TensorRT plan built from the graph by ``rung export --target trt``. A plan runs only
+    on the GPU architecture and TensorRT version it was built with; its file is listed in
+    ``Manifest.artifacts`` and checked like the others."""
+
+    plan_file: str
+    tensorrt_version: str
+    compute_capability: str     # of the GPU it was built on, "8.7" (Orin), "8.9" (Ada), ...
+    device_name: str
+    weights: str                # precision of the plan's weights: "fp16" | "fp32"
+    kv_requested: str           # --kv as asked: "fp32" | "fp16" | "fp8"
+    kv_reason: str              # why the KV dtype is the manifest's (FP8 needs cc 8.9+)
+    max_batch: int              # most rows of one cache
+    prefill_chunk: int          # most new tokens of one call; longer prompts run in chunks
+    # optimization profiles in plan order: name -> input -> [min, opt, max] shapes
+    profiles: dict[str, dict[str, list[list[int]]]]
+    # the plan's logits against ONNX Runtime on the CPU, measured after the build
+    parity: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
 class Manifest:
     format_version: int
     engine_id: str
@@ -144,6 +169,7 @@ class Manifest:
     # lm_head_bits, embeddings ("fp32"); None for float weights
     quantization: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    trt: TrtPlan | None = None  # format 3: the TensorRT plan, where one was built
 
     # -- writing -----------------------------------------------------------------------
     def to_json(self) -> str:
@@ -222,6 +248,7 @@ def load_manifest(engine_dir: Path, verify_artifacts: bool = True) -> Manifest:
             kv=_build(KVSpec, m.kv, "kv"),
             tokenizer=_build(TokenizerSpec, m.tokenizer, "tokenizer"),
             parity=None if m.parity is None else _build(Parity, m.parity, "parity"),
+            trt=None if m.trt is None else _build(TrtPlan, m.trt, "trt"),
         )
     except TypeError as e:
         raise ManifestError(f"{path}: malformed ({e})", "re-export the engine") from e

@@ -114,10 +114,11 @@ def test_error_bad_sampling_value(engines: dict[str, Path]) -> None:
                                  "--top-p", "1.5"), "top_p")
 
 
-def test_error_options_of_later_versions(checkpoints: dict[str, tuple[Path, Any]],
-                                         tmp_path: Path) -> None:
+def test_error_options_tensorrt_cannot_run(checkpoints: dict[str, tuple[Path, Any]],
+                                           tmp_path: Path) -> None:
     _assert_one_line_error(_rung("export", str(checkpoints["llama"][0]), "-o",
-                                 str(tmp_path / "e"), "--target", "trt"), "--target trt")
+                                 str(tmp_path / "e"), "--target", "trt", "--weights", "int8"),
+                           "--weights int8 is not available with --target trt")
 
 
 def test_export_fp8_kv_then_generate_reports_kv(checkpoints: dict[str, tuple[Path, Any]],

@@ -130,6 +130,12 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("state_dir is a file", {"state_dir": "pw"}, "state_dir: {tmp}/pw exists and is not a dir"),
     ("engine.path missing", {"engine": {"threads": 2}}, "engine.path: required"),
     ("engine.path empty section", {"engine": None}, "engine.path: required"),
+    ("unknown backend", {"engine": {"path": "e", "backend": "tensorrt"}},
+     "engine.backend: expected one of onnx, trt, got 'tensorrt'"),
+    ("unknown provider", {"engine": {"path": "e", "provider": "rocm"}},
+     "engine.provider: expected one of cpu, cuda, got 'rocm'"),
+    ("provider with trt", {"engine": {"path": "e", "backend": "trt", "provider": "cuda"}},
+     "engine.provider: applies to engine.backend onnx only"),
 ]
 
 
@@ -221,3 +227,14 @@ def test_password_never_shown(tmp_path: Path) -> None:
     assert SECRET not in json.dumps(shown)  # plain JSON-able data
     assert shown["engine"]["path"] == str(tmp_path / "engine") and shown["plcs"] == []
     assert redacted(_parse({}, tmp_path))["mqtt"]["password"] is None
+
+
+def test_engine_backend_and_provider(tmp_path: Path) -> None:
+    cfg = _parse({}, tmp_path)
+    assert (cfg.engine.backend, cfg.engine.provider) == ("onnx", None)
+    cfg = _parse({"engine": {"path": "e", "backend": "TRT"}}, tmp_path)
+    assert (cfg.engine.backend, cfg.engine.provider) == ("trt", None)
+    cfg = _parse({"engine": {"path": "e", "provider": "cuda"}}, tmp_path)
+    assert (cfg.engine.backend, cfg.engine.provider) == ("onnx", "cuda")
+    cfg = _parse({}, tmp_path, overrides=("engine.backend=trt",))
+    assert cfg.engine.backend == "trt"

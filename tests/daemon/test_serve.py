@@ -485,3 +485,17 @@ def test_ffn_skip_ratio_reaches_the_metrics(served: tuple[Broker, Daemon]) -> No
         text = resp.read().decode()
     line = next(x for x in text.splitlines() if x.startswith("rung_ffn_skip_ratio "))
     assert 0.0 < float(line.split()[1]) < 1.0
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in __import__("onnxruntime").get_available_providers(),
+                    reason="ONNX Runtime has its CUDA provider here")
+def test_provider_cuda_refused_at_start_without_the_cuda_provider(tmp_path: Path) -> None:
+    from rung.daemon.config import parse_config
+    from rung.daemon.serve import build_runner
+    from rung.engines.errors import EngineError
+
+    cfg = parse_config({"engine": {"path": "engine", "provider": "cuda"},
+                        "state_dir": "state"}, tmp_path, env={})
+    with pytest.raises(EngineError, match="provider cuda: this ONNX Runtime has no "
+                                          "CUDAExecutionProvider"):
+        build_runner(cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from rung.engines.errors import ManifestError
-from rung.engines.manifest import FORMAT_VERSION, load_manifest
+from rung.engines.manifest import FORMAT_VERSION, TrtPlan, load_manifest, sha256_file
 
 
 @pytest.fixture
@@ -99,3 +100,57 @@ def test_format_0_is_refused(engine_dir: Path) -> None:
     _edit(engine_dir, lambda d: d.update(format_version=0))
     with pytest.raises(ManifestError, match="format 0 is no longer supported"):
         load_manifest(engine_dir)
+
+
+PLAN = TrtPlan(plan_file="model.plan", tensorrt_version="10.3.0", compute_capability="8.7",
+               device_name="Orin", weights="fp16", kv_requested="fp8",
+               kv_reason="Orin (compute capability 8.7) has no FP8: fp16 KV",
+               max_batch=4, prefill_chunk=64,
+               profiles={"decode": {"input_ids": [[1, 1], [1, 1], [4, 1]]},
+                         "prefill": {"input_ids": [[1, 1], [1, 64], [4, 64]]}},
+               parity={"max_abs_logit_diff": 0.01, "argmax_agreement": 1.0})
+
+
+@pytest.fixture
+def plan_dir(engine_dir: Path) -> Path:
+    """The engine with a trt record and its file (not a real plan: only the manifest's
+    handling of it is under test here)."""
+    (engine_dir / "model.plan").write_bytes(b"serialized TensorRT engine stand-in")
+
+    def add(d: dict[str, Any]) -> None:
+        d["artifacts"]["model.plan"] = sha256_file(engine_dir / "model.plan")
+        d["trt"] = dataclasses.asdict(PLAN)
+
+    _edit(engine_dir, add)
+    return engine_dir
+
+
+def test_trt_record_round_trip(plan_dir: Path) -> None:
+    m = load_manifest(plan_dir)
+    assert m.trt == PLAN and m.format_version == FORMAT_VERSION == 3
+    assert m.to_json() == load_manifest(plan_dir).to_json()
+    m.save(plan_dir)
+    assert load_manifest(plan_dir).trt == PLAN
+
+
+def test_tampered_plan_detected(plan_dir: Path) -> None:
+    (plan_dir / "model.plan").write_bytes(b"serialized TensorRT engine stand-In")
+    with pytest.raises(ManifestError, match="model.plan: sha256 differs"):
+        load_manifest(plan_dir)
+
+
+def test_trt_record_unknown_key_is_named(plan_dir: Path) -> None:
+    _edit(plan_dir, lambda d: d["trt"].update(int8_calibrator="x"))
+    with pytest.raises(ManifestError, match="'trt' has unknown key 'int8_calibrator'"):
+        load_manifest(plan_dir)
+
+
+def test_format_2_still_loads(engine_dir: Path) -> None:
+    """Format 3 only added the optional trt record: a format 2 manifest loads, no plan."""
+    def to_format_2(d: dict[str, Any]) -> None:
+        d.update(format_version=2)
+        d.pop("trt")
+
+    _edit(engine_dir, to_format_2)
+    m = load_manifest(engine_dir)
+    assert m.format_version == 2 and m.trt is None
