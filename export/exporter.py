@@ -180,7 +180,8 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
     model the graph computes, the reference of the parity check: the checkpoint's own, or
     with int8/int4 weights a copy holding the dequantized weights (read before saving moves
     them out)."""
-    proto = build_fused_graph(ckpt.model) if fused else build_graph(ckpt.model)
+    proto = (build_fused_graph(ckpt.model, dot=spec is None) if fused
+             else build_graph(ckpt.model))
     reference = ckpt.model
     if spec is not None:
         proto = quantize_graph(proto, spec)

@@ -122,7 +122,7 @@ def test_graph_is_fused(arch: str, engines: dict[str, Path],
     layers = 2
     assert ops["GroupQueryAttention"] == layers
     assert ops["SkipSimplifiedLayerNormalization"] == 2 * layers - 1
-    assert ops["MatMul"] == 4 * layers and ops["Gemm"] == 1   # qkv, o, gate_up, down; head
+    assert ops["FusedMatMul"] == 4 * layers and ops["Gemm"] == 1  # qkv, o, gate_up, down; head
     assert "Softmax" not in ops and "Transpose" not in ops
     assert sum(ops.values()) * 2 < sum(generic.values())
 

@@ -101,11 +101,11 @@ def test_verification_failure_fails_the_export(checkpoints: dict[str, tuple[Path
     import rung.export.exporter as exporter
 
     def broken(real: Any) -> Any:  # a graph whose final norm weights are off by 10 %
-        def build(model: Any) -> Any:
+        def build(model: Any, **kwargs: Any) -> Any:
             with torch.no_grad():
                 model.model.norm.weight.mul_(1.1)
             try:
-                return real(model)
+                return real(model, **kwargs)
             finally:
                 with torch.no_grad():
                     model.model.norm.weight.div_(1.1)
