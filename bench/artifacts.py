@@ -30,8 +30,9 @@ from pathlib import Path
 MAX_SEQ = {"qwen2.5-0.5b": 2048, "demo-tiny": 1024}
 # rung artifact kind -> ``rung export --kv``
 RUNG_KV = {"rung": "fp32", "rung-kv16": "fp16", "rung-kv8": "fp8"}
-# rung artifact kind -> ``rung export --weights`` (fp32 KV, like ``rung``)
-RUNG_WEIGHTS = {"rung-int8": "int8", "rung-int4": "int4"}
+# rung artifact kind -> ``rung export --weights`` (fp32 KV, like ``rung``), ":4" adding
+# ``--lm-head-bits 4`` (the LM head at 4 bits, as onnxruntime-genai's int4 has it)
+RUNG_WEIGHTS = {"rung-int8": "int8", "rung-int4": "int4", "rung-int4-head4": "int4:4"}
 # onnxruntime-genai artifact kind -> builder ``-p``
 GENAI = {"ortgenai": "fp32", "ortgenai-int4": "int4"}
 # rung artifact kind -> FFN gates: forced (gate bias: + always skips, - never) or calibrated
@@ -148,8 +149,10 @@ def _build_hf(preset: str, out: Path) -> None:
 def _build_rung(preset: str, out: Path, kv: str, weights: str = "fp32") -> None:
     from rung.export.exporter import ExportOptions, export
 
-    manifest = export(locate(preset).hf, out,
-                      ExportOptions(weights=weights, kv=kv, max_seq=MAX_SEQ[preset]))
+    weights, _, head = weights.partition(":")
+    manifest = export(locate(preset).hf, out, ExportOptions(
+        weights=weights, kv=kv, max_seq=MAX_SEQ[preset],
+        lm_head_bits=int(head) if head else None))
     print(f"exported engine {manifest.engine_id}; parity {manifest.parity}; "
           f"kv {manifest.kv}; quantization {manifest.quantization}")
 

@@ -76,8 +76,14 @@ def markdown(record: dict[str, Any]) -> str:
             f"Command: `{record['command']}`\n\n"
             f"Machine: {m['cpu_model']}, {m['cpus_usable']} usable cores, {_gib(m)} RAM; "
             f"{w['threads']} threads per engine.\n\nVersions: {v}.\n\n"
-            f"Median of {w['reps']} repetitions; decode = {w['steps']} greedy steps after "
-            f"prefilling the stated context.\n\n" + table(record))
+            f"Median of {w['reps'] * w.get('rounds', 1)} repetitions{_rounds(w)}; decode = "
+            f"{w['steps']} greedy steps after prefilling the stated context.\n\n"
+            + table(record))
+
+
+def _rounds(w: dict[str, Any]) -> str:
+    rounds = w.get("rounds", 1)
+    return f" ({rounds} rounds over the engines in turn)" if rounds > 1 else ""
 
 
 def plot(record: dict[str, Any], path: Path) -> None:

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -29,7 +30,8 @@ DEFAULT_ENGINES = ("rung", "hf", "ortgenai")
 # engine -> artifact kind; the rung-kv* engines are rung with an fp16 / fp8 KV cache
 ARTIFACT = {e: e for e in ENGINES}
 # engine -> weight precision (fp32 unless listed)
-WEIGHTS = {**artifacts.RUNG_WEIGHTS, **artifacts.GENAI,
+WEIGHTS = {**{k: v.partition(":")[0] for k, v in artifacts.RUNG_WEIGHTS.items()},
+           **artifacts.GENAI,
            **{k: {"f32": "fp32", "q8_0": "int8", "q4_0": "int4"}[v]
               for k, v in artifacts.LLAMACPP.items()}}
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -41,6 +43,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
                    help=f"comma-separated, from {', '.join(ENGINES)}")
     p.add_argument("--reps", type=int, default=3, help="repetitions; the median is reported")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the engine list this many times, round-robin, --reps each; the "
+                   "median over all repetitions is reported (spreads a noisy machine's "
+                   "drift over every engine alike)")
     p.add_argument("--steps", type=int, default=32, help="decode steps timed per run")
     p.add_argument("--prompt", type=int, default=512, help="prefill / TTFT prompt length")
     p.add_argument("--contexts", default="128,1024", help="decode contexts, comma-separated")
@@ -106,13 +112,39 @@ def measure_all(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
     _, errors = artifacts.ensure(args.preset, tuple(ARTIFACT[e] for e in engines))
     os.sync()  # a fresh build leaves GBs of dirty pages; don't time their write-back
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {}
-    for engine in engines:
-        if ARTIFACT[engine] in errors:
-            results[engine] = {"error": f"build failed: {errors[ARTIFACT[engine]]}"}
-            continue
-        results[engine] = spawn_worker(engine, args, args.out / f".worker-{engine}.tmp")
-    return results
+    runs: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
+    for _ in range(max(args.rounds, 1)):
+        for engine in engines:
+            if ARTIFACT[engine] in errors:
+                runs[engine] = [{"error": f"build failed: {errors[ARTIFACT[engine]]}"}]
+                continue
+            runs[engine].append(spawn_worker(engine, args, args.out / f".worker-{engine}.tmp"))
+    return {engine: merge_rounds(r) for engine, r in runs.items()}
+
+
+def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from an engine's rounds: every repetition's time pooled, medians and
+    rates recomputed from the pool; load time the median, peak RSS the largest."""
+    failed = [r for r in runs if "error" in r]
+    if failed or len(runs) == 1:
+        return failed[0] if failed else runs[0]
+    out = dict(runs[0], rounds=len(runs), load_s=statistics.median(r["load_s"] for r in runs),
+               peak_rss_mb=max(r["peak_rss_mb"] for r in runs),
+               loadavg_1m=[r["loadavg_1m"] for r in runs])
+    if "prefill" in out:
+        times = [t for r in runs for t in r["prefill"]["times_s"]]
+        med = statistics.median(times)
+        out["prefill"] = dict(runs[0]["prefill"], times_s=times, median_s=med,
+                              tok_s=runs[0]["prefill"]["tokens"] / med, ttft_ms=med * 1000)
+    decode = {}
+    for ctx, first in runs[0].get("decode", {}).items():
+        times = [t for r in runs for t in r["decode"][ctx]["times_s"]]
+        med = statistics.median(times)
+        decode[ctx] = dict(first, times_s=times, median_s=med, tok_s=first["steps"] / med,
+                           ms_per_token=med * 1000 / first["steps"])
+    if decode:
+        out["decode"] = decode
+    return out
 
 
 def write_outputs(record: dict[str, Any], out: Path) -> Path:
@@ -139,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"stamp": stamp, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "command": shlex.join(sys.orig_argv), "cwd": os.getcwd(), "model": args.preset,
               "weights": label, "engine_weights": weights, "baseline": args.baseline,
-              "workload": vars(workload(args)),
+              "workload": dict(vars(workload(args)), rounds=max(args.rounds, 1)),
               "artifacts": str(artifacts.locate(args.preset).root),
               "machine": machine.machine_info(), "results": results}
     stem = write_outputs(record, args.out)

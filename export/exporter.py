@@ -48,6 +48,7 @@ RUNG_VERSION = "0.1.0"
 class ExportOptions:
     weights: str = "fp32"        # fp32 | fp16 | int8 | int4
     block_size: int | None = None  # int8/int4: input channels per scale (default 32)
+    lm_head_bits: int | None = None  # int8/int4: the LM head's bits (default 8)
     # fp8 (e4m3, per-token-per-head scales) by default: 0.27x of fp32's memory; on the
     # trained demo model mean KL 1.2e-4 and 99.75 % greedy agreement against fp32 KV, decode
     # cost on CPU 2 % at 128 tokens of context and 13 % at 1024 (docs/benchmarks.md)
@@ -79,10 +80,13 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
     if opts.weights not in WEIGHTS:
         raise ExportError(f"--weights {opts.weights} is not available",
                           f"choose one of {', '.join(WEIGHTS)}")
-    spec = quant_spec(opts.weights, opts.block_size) if opts.weights in BITS else None
-    if spec is None and opts.block_size is not None:
-        raise ExportError(f"--block-size applies to --weights int8|int4, not {opts.weights}",
-                          "drop --block-size or choose --weights int8|int4")
+    spec = (quant_spec(opts.weights, opts.block_size, opts.lm_head_bits)
+            if opts.weights in BITS else None)
+    for flag, value in (("--block-size", opts.block_size),
+                        ("--lm-head-bits", opts.lm_head_bits)):
+        if spec is None and value is not None:
+            raise ExportError(f"{flag} applies to --weights int8|int4, not {opts.weights}",
+                              f"drop {flag} or choose --weights int8|int4")
     if opts.kv not in KV:
         raise ExportError(f"--kv {opts.kv} is not available", f"choose one of {', '.join(KV)}")
     if opts.max_seq is not None and opts.max_seq < 8:
@@ -187,8 +191,15 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
         proto = quantize_graph(proto, spec)
         reference = quantized_model(ckpt.model, proto)
     elif weights == "fp16":
-        from onnxruntime.transformers.float16 import convert_float_to_float16
-        proto = convert_float_to_float16(proto, keep_io_types=True, disable_shape_infer=True)
+        from onnxruntime.transformers.float16 import (
+            DEFAULT_OP_BLOCK_LIST,
+            convert_float_to_float16,
+        )
+        # Min/Max run in fp16 like their neighbours: blocked (kept fp32) without shape
+        # inference, the fp8 scale's Max(amax / 448, floor) would meet an fp16 input
+        blocked = [op for op in DEFAULT_OP_BLOCK_LIST if op not in ("Min", "Max")]
+        proto = convert_float_to_float16(proto, keep_io_types=True, disable_shape_infer=True,
+                                         op_block_list=blocked)
     (out_dir / DATA_FILE).unlink(missing_ok=True)  # onnx appends to an existing data file
     try:
         onnx.save_model(proto, str(out_dir / GRAPH_FILE), save_as_external_data=True,

@@ -42,6 +42,9 @@ KV_TOLERANCES = {"float8_e4m3fn": Tolerance(1e-2, 0.9)}
 # in float, does not cross, and each crossing is a whole e4m3 step: worst measured on the
 # test architectures rel 0.16, agreement 0.75 (trained demo model: 0.079, 0.93).
 PAIR_TOLERANCES = {(w, "float8_e4m3fn"): Tolerance(0.25, 0.65) for w in ("int8", "int4")}
+# fp16 arithmetic does the same at a smaller scale: worst measured on the test
+# architectures rel 0.053, agreement 0.98 (fp16 weights alone: 5e-2 allowed).
+PAIR_TOLERANCES["fp16", "float8_e4m3fn"] = Tolerance(0.1, 0.75)
 
 
 def tolerance(weights: str, kv_dtype: str) -> Tolerance:

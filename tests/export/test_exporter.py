@@ -77,11 +77,13 @@ def test_qwen3_explicit_head_dim_and_tied_head(engines: dict[str, Path]) -> None
     assert m.dims.tie_word_embeddings
 
 
-def test_fp16_weights_export_within_tolerance(checkpoints: dict[str, tuple[Path, Any]],
+@pytest.mark.parametrize("kv", ["fp32", "fp8"])
+def test_fp16_weights_export_within_tolerance(kv: str, checkpoints: dict[str, tuple[Path, Any]],
                                               tmp_path: Path) -> None:
     path, hf = checkpoints["llama"]
-    m = export(path, tmp_path, ExportOptions(kv="fp32", weights="fp16", max_seq=64))
+    m = export(path, tmp_path, ExportOptions(kv=kv, weights="fp16", max_seq=64))
     assert m.weights == "fp16" and m.parity is not None and m.parity.passed
+    assert m.kv.layout == "position_major_SBHD"   # fp16 weights: the generic graph
     fp32_size = sum(p.numel() for p in hf.parameters()) * 4
     assert (tmp_path / "model.onnx.data").stat().st_size < 0.6 * fp32_size
 

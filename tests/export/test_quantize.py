@@ -203,6 +203,23 @@ def test_option_errors(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path)
             export(path, tmp_path, ExportOptions(weights="int4", block_size=size))
     with pytest.raises(ExportError, match="--block-size applies to --weights int8"):
         export(path, tmp_path, ExportOptions(weights="fp32", block_size=32))
+    with pytest.raises(ExportError, match="--lm-head-bits applies to --weights int8"):
+        export(path, tmp_path, ExportOptions(weights="fp16", lm_head_bits=4))
+    with pytest.raises(ExportError, match="--lm-head-bits 2 is not available"):
+        export(path, tmp_path, ExportOptions(weights="int4", lm_head_bits=2))
+
+
+def test_cli_int4_with_a_4_bit_head(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "engine"
+    assert main(["export", str(checkpoints["qwen2"][0]), "-o", str(out), "--weights", "int4",
+                 "--lm-head-bits", "4", "--kv", "fp32", "--max-seq", "96"]) == 0
+    assert "LM head 4-bit" in capsys.readouterr().out
+    bits = {n.input[1].split(".weight_t")[0]: {a.name: a.i for a in n.attribute}["bits"]
+            for n in _graph(out).graph.node if n.op_type == "MatMulNBits"}
+    assert set(bits.values()) == {4} and "lm_head" in bits
+    q = load_manifest(out).quantization
+    assert q is not None and q["lm_head_bits"] == 4 and q["accuracy"]["mean_kl"] > 0
 
 
 def test_cli_int4_block_64_then_generate_json(checkpoints: dict[str, tuple[Path, Any]],

@@ -172,9 +172,6 @@ def test_fp8_kv_or_its_fallback(trt_export: Any) -> None:
             < load_engine(fp16, "trt").new_cache(1).bytes_per_token)
 
 
-@pytest.mark.xfail(reason="export/onnx_graph.py: fp16 weights with fp8 KV fail in ONNX Runtime "
-                   "(kv_store's 1e-30 floor stays float32 beside a float16 Max input)",
-                   strict=False)
 def test_fp16_weights_with_fp8_kv(trt_export: Any) -> None:
     if compute_capability() < (8, 9):
         pytest.skip("no FP8 on this GPU")
