@@ -64,12 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prepack", choices=["auto", "on", "off"], default="auto",
+                    help="weight prepacking (auto: as the daemon chooses for max_batch = the "
+                    "largest concurrency)")
     args = ap.parse_args(argv)
     art = artifacts.locate(args.preset)
     artifacts.build(art, "hf")
     artifacts.build(art, args.kind)
     path = art.path(args.kind)
-    engine = load_engine(path, "onnx", EngineOptions(threads=args.threads))
+    most = max(int(n) for n in args.concurrency.split(","))
+    prepack = {"auto": None, "on": True, "off": False}[args.prepack]
+    engine = load_engine(path, "onnx", EngineOptions(threads=args.threads, prepack=prepack,
+                                                     max_batch=most))
     tok = Tokenizer.load(path, engine.manifest.tokenizer)
     measure(engine, tok, 1, 16, 4)              # warm-up
     rows = [measure(engine, tok, int(n), args.prompt, args.tokens)
@@ -80,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"stamp": time.strftime("%Y-%m-%d") + "-batching-" + args.preset.replace(".", "_"),
               "command": shlex.join(sys.orig_argv), "machine": machine.machine_info(),
               "engine": args.kind, "preset": args.preset, "threads": args.threads,
+              "prepack": args.prepack,
               "prompt": args.prompt, "tokens": args.tokens, "rows": rows}
     md = [f"Continuous batching, {args.preset} ({args.kind}), {args.threads} threads, "
           f"{args.prompt}-token prompts, {args.tokens} tokens each; `{record['command']}`",

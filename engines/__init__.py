@@ -63,7 +63,7 @@ def load_engine(engine_dir: Path, backend: str = "onnx", options: Any = None) ->
 
 
 def engine_options(backend: str, provider: str | None = None, threads: int = 0,
-                   prepack: bool | None = None) -> Any:
+                   prepack: bool | None = None, max_batch: int = 1) -> Any:
     """The options of ``backend``: ONNX Runtime's (``provider`` cpu by default; cuda only
     where ONNX Runtime has its CUDA execution provider) or TensorRT's.
 
@@ -84,4 +84,5 @@ def engine_options(backend: str, provider: str | None = None, threads: int = 0,
         from rung.engines.gpu import require_ort_cuda
         require_ort_cuda()
     from rung.engines.onnx_engine import EngineOptions
-    return EngineOptions(provider=provider or "cpu", threads=threads, prepack=prepack)
+    return EngineOptions(provider=provider or "cpu", threads=threads, prepack=prepack,
+                         max_batch=max_batch)

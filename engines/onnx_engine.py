@@ -34,14 +34,18 @@ class EngineOptions:
     """Session settings. ``threads`` 0 lets ONNX Runtime choose (one per physical core).
     ``prepack`` lets ONNX Runtime repack weight matrices into private memory at load (a
     second copy of the weights, seconds of load); off, the weights stay in the external
-    data file, mapped and paged in as used. None (default) chooses by weight precision:
-    off for fp32/fp16 (on the 0.5B bench model: peak RSS 1.33x -> 1.06x of weights + KV,
-    load 4.1 -> 1.7 s, decode unchanged, prefill -20 %), on for int8/int4, whose
-    MatMulNBits kernels need their packed layout (0.7 tok/s without it)."""
+    data file, mapped and paged in as used. None (default) chooses: on for int8/int4,
+    whose MatMulNBits kernels need their packed layout (0.7 tok/s without it); for
+    fp32/fp16 on only when ``max_batch`` (the rows the caller runs together) is above one.
+    Unpacked fp32 weights decode one row at full speed (the fused graph's FusedMatMul reads
+    them as they lie) at 1.06x of weights + KV in peak RSS instead of 1.33x, but every step of
+    several rows packs them again: on the 0.5B bench model 4 rows ran at 1.95x one row's
+    rate unpacked (docs/benchmarks.md, "Continuous batching")."""
 
     provider: str = "cpu"
     threads: int = 0
     prepack: bool | None = None
+    max_batch: int = 1
 
 
 class OnnxEngine:
@@ -64,7 +68,7 @@ class OnnxEngine:
         so.inter_op_num_threads = 1
         prepack = options.prepack
         if prepack is None:
-            prepack = manifest.weights in PREPACKED_WEIGHTS
+            prepack = manifest.weights in PREPACKED_WEIGHTS or options.max_batch > 1
         if not prepack:
             so.add_session_config_entry("session.disable_prepacking", "1")
         path = Path(engine_dir) / manifest.graph_file

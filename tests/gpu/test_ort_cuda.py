@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY is not None, reason=str(WH
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_cuda_provider_matches_cpu(engines: dict[str, Path], arch: str) -> None:
-    cpu = load_engine(engines[arch], "onnx", engine_options("onnx"))
-    cuda = load_engine(engines[arch], "onnx", engine_options("onnx", "cuda"))
+def test_cuda_provider_matches_cpu(generic_engines: dict[str, Path], arch: str) -> None:
+    cpu = load_engine(generic_engines[arch], "onnx", engine_options("onnx"))
+    cuda = load_engine(generic_engines[arch], "onnx", engine_options("onnx", "cuda"))
     assert "CUDAExecutionProvider" in cuda.session.get_providers()
     ids = np.random.default_rng(0).integers(3, 290, (1, 24))
     every = np.arange(24)[None]
@@ -30,8 +30,8 @@ def test_cuda_provider_matches_cpu(engines: dict[str, Path], arch: str) -> None:
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-3 * np.abs(ref).max())
 
 
-def test_cuda_provider_generates_the_cpu_tokens(engines: dict[str, Path]) -> None:
-    d = engines["qwen3"]
+def test_cuda_provider_generates_the_cpu_tokens(generic_engines: dict[str, Path]) -> None:
+    d = generic_engines["qwen3"]
     out = []
     for provider in ("cpu", "cuda"):
         engine = load_engine(d, "onnx", engine_options("onnx", provider))
