@@ -61,6 +61,13 @@ class OnnxEngine:
                               f"choose one of {', '.join(PROVIDERS)}")
         self.manifest = manifest
         self.dims = manifest.dims
+        self.fused = manifest.kv.layout == HEAD_MAJOR
+        if self.fused and options.provider != "cpu":
+            # the fused graph's KV is bound in host memory and appended in place; on a GPU it
+            # would have to live in device memory (not in this version)
+            raise EngineError(f"the fused graph runs on provider cpu, not {options.provider}",
+                              "export the engine with --graph generic for ONNX Runtime's "
+                              f"{options.provider} provider")
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if options.threads:
@@ -79,7 +86,6 @@ class OnnxEngine:
             raise EngineError(f"{path}: ONNX Runtime cannot load the graph ({e})",
                               "re-export the engine") from e
         self.output_names = [o.name for o in manifest.outputs]
-        self.fused = manifest.kv.layout == HEAD_MAJOR
         self._check_kv_dtype(path)
         gated = "ffn_skipped" in self.output_names
         # FFN skip counters: one-token decode steps run, and skips per layer among them

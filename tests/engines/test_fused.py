@@ -140,6 +140,16 @@ def test_fused_refused_where_it_does_not_apply(opts: dict[str, Any], match: str,
     assert not (tmp_path / "manifest.json").exists()
 
 
+def test_fused_graph_refuses_a_gpu_provider(engines: dict[str, Path]) -> None:
+    from rung.engines.manifest import load_manifest
+    from rung.engines.onnx_engine import EngineOptions, OnnxEngine
+
+    with pytest.raises(EngineError, match="fused graph runs on provider cpu") as e:
+        OnnxEngine(engines["llama"], load_manifest(engines["llama"]),
+                   EngineOptions(provider="cuda"))
+    assert e.value.hint is not None and "--graph generic" in e.value.hint
+
+
 def test_auto_is_generic_for_fp8_kv(checkpoints: dict[str, tuple[Path, Any]],
                                    tmp_path: Path) -> None:
     m = export(checkpoints["llama"][0], tmp_path, ExportOptions(kv="fp8", max_seq=64))
