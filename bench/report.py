@@ -95,7 +95,7 @@ def plot(record: dict[str, Any], path: Path) -> None:
 
     ok = {k: r for k, r in record["results"].items() if "error" not in r}
     ctxs = record["workload"]["contexts"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2),
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12.5, 4.2),
                                    gridspec_kw={"width_ratios": [1, len(ctxs)]})
     width = 0.8 / max(len(ok), 1)
     for i, (name, res) in enumerate(ok.items()):
@@ -109,8 +109,9 @@ def plot(record: dict[str, Any], path: Path) -> None:
     ax2.set_xticks([j + width * (len(ok) - 1) / 2 for j in range(len(ctxs))],
                    [f"context {c}" for c in ctxs])
     ax2.set_title("decode (tokens/s)")
-    ax2.legend()
-    fig.suptitle(f"{record['model']} fp32, {record['workload']['threads']} threads, "
+    ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    fig.suptitle(f"{record['model']} {record.get('weights', 'fp32')} weights, "
+                 f"{record['workload']['threads']} threads, "
                  f"{record['machine']['cpu_model']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

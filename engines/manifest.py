@@ -13,7 +13,7 @@ Format 3 adds the optional ``trt`` record: a TensorRT plan built from the graph 
 (``rung export --target trt``), listed in ``artifacts`` like every other file. Formats 1 and
 2 still load (no plan).
 
-Layout of the graph the manifest describes:
+Layout of the generic graph (``kv.layout`` ``position_major_SBHD``):
 
     inputs   input_ids      int64  [B, S]
              position_ids   int64  [B, S]       absolute position of each new token
@@ -32,6 +32,21 @@ Layout of the graph the manifest describes:
 The KV layout is position-major so that the first P positions of a buffer
 ``[max_seq, B, Hkv, D]`` are one contiguous block: the engine hands the graph a view of its
 buffer and writes the new positions in place, never copying the whole cache per step.
+
+Layout of the fused graph (``kv.layout`` ``head_major_BHSD``; ``GroupQueryAttention``,
+fp32/fp16 KV; the manifest's ``inputs``/``outputs`` list it the same way):
+
+    inputs   input_ids       int64  [B, S]
+             seqlens_k       int32  [B]      tokens in each row after the step, minus 1
+             query_seqlens   int32  [B]      valid new tokens per row (0: idle this step)
+             total_sequence_length int32 []  the longest row after the step
+             logits_index    int64  [B, K]
+             past_key_{i}, past_value_{i}  kv [B, Hkv, C, D]   the engine's whole buffer
+             ffn_allow_skip  bool   []       (gated only)
+    outputs  logits          float32 [B, K, V]
+             present_key_{i}, present_value_{i}  kv [B, Hkv, C, D]   bound to the same
+                                             memory as the past: appended in place
+             ffn_skipped     bool   [L]      (gated only)
 """
 
 from __future__ import annotations
