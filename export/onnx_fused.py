@@ -42,6 +42,7 @@ from rung.export.onnx_graph import (
     _value_info,
     gated_ffn,
     lm_logits,
+    step_specs,
 )
 
 MS = "com.microsoft"
@@ -196,15 +197,9 @@ def fused_io_specs(model: RungForCausalLM) -> tuple[list[TensorSpec], list[Tenso
     if kv_dtype not in KV_ONNX:
         raise ValueError(f"unknown KV dtype {kv_dtype}")
     cache = ["B", c.num_kv_heads, "C", c.head_dim]
-    inputs = [TensorSpec("input_ids", "int64", ["B", "S"]),
-              TensorSpec("seqlens_k", "int32", ["B"]),
-              TensorSpec("query_seqlens", "int32", ["B"]),
-              TensorSpec("total_sequence_length", "int32", []),
-              TensorSpec("logits_index", "int64", ["B", "K"])]
-    outputs = [TensorSpec("logits", "float32", ["B", "K", c.vocab_size])]
-    if model.has_ffn_gates:
-        inputs.append(TensorSpec("ffn_allow_skip", "bool", []))
-        outputs.append(TensorSpec("ffn_skipped", "bool", [c.num_layers]))
+    inputs, outputs = step_specs(model, [TensorSpec("seqlens_k", "int32", ["B"]),
+                                         TensorSpec("query_seqlens", "int32", ["B"]),
+                                         TensorSpec("total_sequence_length", "int32", [])])
     for i in range(c.num_layers):
         for part in ("key", "value"):
             inputs.append(TensorSpec(f"past_{part}_{i}", kv_dtype, list(cache)))

@@ -278,19 +278,27 @@ def lm_logits(g: Builder, model: RungForCausalLM, x: str,
                                         axis=0), out="logits")
 
 
-def io_specs(model: RungForCausalLM) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def step_specs(model: RungForCausalLM, position_inputs: list[TensorSpec]
+               ) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The inputs and outputs every graph form has, around its own position inputs; the KV
+    tensors follow."""
     c = model.cfg
-    kv_dtype = model.model.layers[0].self_attn.kv_dtype
-    kv = ["P", "B", c.num_kv_heads, c.head_dim]
-    new = ["S", "B", c.num_kv_heads, c.head_dim]
-    inputs = [TensorSpec("input_ids", "int64", ["B", "S"]),
-              TensorSpec("position_ids", "int64", ["B", "S"]),
-              TensorSpec("past_lengths", "int64", ["B"]),
+    inputs = [TensorSpec("input_ids", "int64", ["B", "S"]), *position_inputs,
               TensorSpec("logits_index", "int64", ["B", "K"])]
     outputs = [TensorSpec("logits", "float32", ["B", "K", c.vocab_size])]
     if model.has_ffn_gates:
         inputs.append(TensorSpec("ffn_allow_skip", "bool", []))
         outputs.append(TensorSpec("ffn_skipped", "bool", [c.num_layers]))
+    return inputs, outputs
+
+
+def io_specs(model: RungForCausalLM) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    c = model.cfg
+    kv_dtype = model.model.layers[0].self_attn.kv_dtype
+    kv = ["P", "B", c.num_kv_heads, c.head_dim]
+    new = ["S", "B", c.num_kv_heads, c.head_dim]
+    inputs, outputs = step_specs(model, [TensorSpec("position_ids", "int64", ["B", "S"]),
+                                         TensorSpec("past_lengths", "int64", ["B"])])
     for i in range(c.num_layers):
         for part in ("key", "value"):
             inputs.append(TensorSpec(f"past_{part}_{i}", kv_dtype, list(kv)))
