@@ -177,10 +177,14 @@ class OnnxEngine:
                logits_index: np.ndarray, allow_skip: bool
                ) -> tuple[np.ndarray, np.ndarray | None]:
         """A step of the fused graph. The kernel needs room for the whole padded chunk in
-        every row (length + S <= max_seq); where a short row near its end shares a step
-        with a longer chunk, the rows run one at a time instead, each on its own slice."""
+        every row (length + S <= max_seq); where a short row near its end (or an empty idle
+        row beside a full-length chunk) shares a step with a longer chunk, the rows with new
+        tokens run one at a time instead, each on its own slice."""
         s = tokens.shape[1]
-        if int((cache.lengths + s).max()) <= cache.max_seq:
+        # positions each row holds before the step, as the kernel counts them: an empty idle
+        # row counts one (its seqlens_k cannot go below 0)
+        before = np.maximum(cache.lengths + n_new, 1) - n_new
+        if int((before + s).max()) <= cache.max_seq:
             logits, skipped = self._run_fused(cache.buffers, cache.lengths, tokens, n_new,
                                               logits_index, allow_skip)
         else:

@@ -85,6 +85,18 @@ def test_chunk_past_the_end_of_a_short_row_runs_rows_apart(
     assert caches[0].lengths.tolist() == [16, 9]
 
 
+def test_full_length_chunk_beside_an_empty_idle_row(engines: dict[str, Path],
+                                                    generic_engines: dict[str, Path]) -> None:
+    steps = [[16, 0], [0, 3]]   # the kernel counts an empty idle row as holding one position
+    fused, generic = load_engine(engines["qwen2"]), load_engine(generic_engines["qwen2"])
+    caches = [e.new_cache(2, 16) for e in (fused, generic)]
+    got, want = (_run(e, c, steps) for e, c in zip((fused, generic), caches, strict=True))
+    for step_got, step_want in zip(got, want, strict=True):
+        for a, b in zip(step_got, step_want, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+    assert caches[0].lengths.tolist() == [16, 3]
+
+
 def test_blocks_move_between_layouts(engines: dict[str, Path],
                                      generic_engines: dict[str, Path]) -> None:
     """A block read from one layout, written into the other, serves the same next step."""
