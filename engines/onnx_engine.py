@@ -128,9 +128,11 @@ class OnnxEngine:
         b, s = tokens.shape
         if b != cache.batch:
             raise EngineError(f"batch {b} does not match the cache's {cache.batch}")
-        if cache.dtype != self.manifest.kv.dtype:
-            raise EngineError(f"KV cache holds {cache.dtype}, this engine's graph reads "
-                              f"{self.manifest.kv.dtype}", "allocate it with new_cache()")
+        kv = self.manifest.kv
+        if (cache.dtype, cache.layout) != (kv.dtype, kv.layout):
+            raise EngineError(f"KV cache holds {cache.dtype} {cache.layout}, this engine's "
+                              f"graph reads {kv.dtype} {kv.layout}",
+                              "allocate it with new_cache()")
         if logits_index is None:
             logits_index = np.maximum(n_new - 1, 0).astype(np.int64)[:, None]
         n_new = np.asarray(n_new, dtype=np.int64)

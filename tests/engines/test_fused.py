@@ -71,6 +71,14 @@ def test_kv_is_appended_in_place(engines: dict[str, Path]) -> None:
         cache.past()
 
 
+def test_cache_of_the_other_layout_is_refused(engines: dict[str, Path],
+                                              generic_engines: dict[str, Path]) -> None:
+    fused, generic = load_engine(engines["llama"]), load_engine(generic_engines["llama"])
+    for engine, other in ((fused, generic), (generic, fused)):
+        with pytest.raises(EngineError, match="KV cache holds float32 .*allocate it"):
+            engine.forward(other.new_cache(1), np.array([[5, 6]]), np.array([2]))
+
+
 def test_chunk_past_the_end_of_a_short_row_runs_rows_apart(
         engines: dict[str, Path], generic_engines: dict[str, Path]) -> None:
     """A row near max_seq shares a step with a longer chunk: the kernel wants room for the
