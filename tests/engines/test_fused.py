@@ -37,6 +37,18 @@ def _run(engine: Engine, cache: KVCache, steps: list[list[int]],
     return out
 
 
+def _same_as_generic(fused_dir: Path, generic_dir: Path, steps: list[list[int]],
+                     max_seq: int | None = None) -> tuple[KVCache, KVCache]:
+    """Run ``steps`` through both graph forms, asserting equal logits; their caches."""
+    engines = load_engine(fused_dir), load_engine(generic_dir)
+    caches = [e.new_cache(len(steps[0]), max_seq) for e in engines]
+    got, want = (_run(e, c, steps) for e, c in zip(engines, caches, strict=True))
+    for step_got, step_want in zip(got, want, strict=True):
+        for a, b in zip(step_got, step_want, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+    return caches[0], caches[1]
+
+
 def _blocks(cache: KVCache) -> list[dict[str, np.ndarray]]:
     return [cache.read_block(b, 0, int(cache.lengths[b])) for b in range(cache.batch)]
 
@@ -44,16 +56,10 @@ def _blocks(cache: KVCache) -> list[dict[str, np.ndarray]]:
 @pytest.mark.parametrize("arch", list(CASES))
 def test_fused_equals_generic(arch: str, engines: dict[str, Path],
                               generic_engines: dict[str, Path]) -> None:
-    fused, generic = load_engine(engines[arch]), load_engine(generic_engines[arch])
-    assert fused.manifest.kv.layout == "head_major_BHSD"
-    assert generic.manifest.kv.layout == "position_major_SBHD"
-    caches = [e.new_cache(3) for e in (fused, generic)]
-    got, want = (_run(e, c, STEPS) for e, c in zip((fused, generic), caches, strict=True))
-    for step_got, step_want in zip(got, want, strict=True):
-        for a, b in zip(step_got, step_want, strict=True):
-            np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
-    np.testing.assert_array_equal(caches[0].lengths, caches[1].lengths)
-    for a, b in zip(_blocks(caches[0]), _blocks(caches[1]), strict=True):
+    fused, generic = _same_as_generic(engines[arch], generic_engines[arch], STEPS)
+    assert fused.layout == "head_major_BHSD" and generic.layout == "position_major_SBHD"
+    np.testing.assert_array_equal(fused.lengths, generic.lengths)
+    for a, b in zip(_blocks(fused), _blocks(generic), strict=True):
         for name in b:
             np.testing.assert_allclose(a[name], b[name], atol=1e-5, rtol=1e-5)
 
@@ -79,30 +85,19 @@ def test_cache_of_the_other_layout_is_refused(engines: dict[str, Path],
             engine.forward(other.new_cache(1), np.array([[5, 6]]), np.array([2]))
 
 
-def test_chunk_past_the_end_of_a_short_row_runs_rows_apart(
-        engines: dict[str, Path], generic_engines: dict[str, Path]) -> None:
-    """A row near max_seq shares a step with a longer chunk: the kernel wants room for the
-    padded chunk in every row, so the engine runs the rows one by one, with equal results."""
-    steps = [[14, 2], [1, 6], [1, 1]]   # step 2: row 0 at 14 of 16, S = 6
-    fused, generic = load_engine(engines["qwen2"]), load_engine(generic_engines["qwen2"])
-    caches = [e.new_cache(2, 16) for e in (fused, generic)]
-    got, want = (_run(e, c, steps) for e, c in zip((fused, generic), caches, strict=True))
-    for step_got, step_want in zip(got, want, strict=True):
-        for a, b in zip(step_got, step_want, strict=True):
-            np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
-    assert caches[0].lengths.tolist() == [16, 9]
-
-
-def test_full_length_chunk_beside_an_empty_idle_row(engines: dict[str, Path],
-                                                    generic_engines: dict[str, Path]) -> None:
-    steps = [[16, 0], [0, 3]]   # the kernel counts an empty idle row as holding one position
-    fused, generic = load_engine(engines["qwen2"]), load_engine(generic_engines["qwen2"])
-    caches = [e.new_cache(2, 16) for e in (fused, generic)]
-    got, want = (_run(e, c, steps) for e, c in zip((fused, generic), caches, strict=True))
-    for step_got, step_want in zip(got, want, strict=True):
-        for a, b in zip(step_got, step_want, strict=True):
-            np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
-    assert caches[0].lengths.tolist() == [16, 3]
+@pytest.mark.parametrize("steps,lengths", [
+    # a row near max_seq shares a step with a longer chunk: row 0 at 14 of 16, S = 6
+    ([[14, 2], [1, 6], [1, 1]], [16, 9]),
+    # a full-length chunk beside an empty idle row (the kernel counts that row as one)
+    ([[16, 0], [0, 3]], [16, 3]),
+])
+def test_chunks_without_room_in_every_row_run_rows_apart(
+        steps: list[list[int]], lengths: list[int], engines: dict[str, Path],
+        generic_engines: dict[str, Path]) -> None:
+    """The kernel wants room for the padded chunk in every row; where there is none the
+    engine runs the rows one by one, with the generic graph's results."""
+    fused, _ = _same_as_generic(engines["qwen2"], generic_engines["qwen2"], steps, 16)
+    assert fused.lengths.tolist() == lengths
 
 
 def test_blocks_move_between_layouts(engines: dict[str, Path],
