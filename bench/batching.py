@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     base = rows[0]["aggregate_tok_s"]
     for r in rows:
         r["ratio_to_1"] = round(r["aggregate_tok_s"] / base, 2)
-    record = {"stamp": time.strftime("%Y-%m-%d") + "-batching-" + args.preset.replace(".", "_"),
+    name = args.kind + ("" if args.prepack == "auto" else f"-prepack-{args.prepack}")
+    record = {"stamp": f"{time.strftime('%Y-%m-%d')}-batching-{name}-"
+                       + args.preset.replace(".", "_"),
               "command": shlex.join(sys.orig_argv), "machine": machine.machine_info(),
               "engine": args.kind, "preset": args.preset, "threads": args.threads,
               "prepack": args.prepack,
@@ -94,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
           "|---|---|---|---|"]
     md += [f"| {r['n']} | {r['aggregate_tok_s']} | {r['per_sequence_tok_s']} | "
            f"{r['ratio_to_1']}x |" for r in rows]
-    text = "\n".join(md) + "\n"
-    stem = report.write_record(RESULTS, record, text)
-    print(text)
-    print(f"written {stem}.json/.md", file=sys.stderr)
+    report.publish(RESULTS, record, md)
     return 0
 
 

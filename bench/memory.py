@@ -101,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     md += [f"| {'on' if r['prepack'] else 'off'} | {r['load_s']:.2f} | "
            f"{r['peak_rss'] / 2**30:.2f} | {r['rss_ratio']:.2f} | {r['prefill_tok_s']:.0f} | "
            f"{r['decode_tok_s']:.1f} |" for r in rows]
-    text = "\n".join(md) + "\n"
-    stem = report.write_record(RESULTS, record, text)
-    print(text)
-    print(f"written {stem}.json/.md", file=sys.stderr)
+    report.publish(RESULTS, record, md)
     return 0
 
 

@@ -4,6 +4,7 @@ every bench script writes its results (``<out>/<stamp>.json`` and ``.md``)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,14 @@ def write_record(out: Path, record: dict[str, Any], md: str) -> Path:
     stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     stem.with_suffix(".md").write_text(md)
     return stem
+
+
+def publish(out: Path, record: dict[str, Any], md_lines: list[str]) -> None:
+    """Write ``record`` and its markdown (``md_lines``) under ``out``; print the table."""
+    text = "\n".join(md_lines) + "\n"
+    stem = write_record(out, record, text)
+    print(text)
+    print(f"written {stem}.json/.md", file=sys.stderr)
 
 
 def _decode(res: dict[str, Any], ctx: int) -> float | None:

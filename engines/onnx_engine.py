@@ -39,8 +39,8 @@ class EngineOptions:
     fp32/fp16 on only when ``max_batch`` (the rows the caller runs together) is above one.
     Unpacked fp32 weights decode one row at full speed (the fused graph's FusedMatMul reads
     them as they lie) at 1.06x of weights + KV in peak RSS instead of 1.33x, but every step of
-    several rows packs them again: on the 0.5B bench model 4 rows ran at 1.95x one row's
-    rate unpacked (docs/benchmarks.md, "Continuous batching")."""
+    several rows packs them again: on the 0.5B bench model 4 rows ran at 1.65-1.95x one
+    row's rate unpacked, 3.4-3.6x packed (docs/benchmarks.md, "Continuous batching")."""
 
     provider: str = "cpu"
     threads: int = 0
