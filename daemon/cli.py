@@ -165,8 +165,8 @@ def run_export(args: argparse.Namespace) -> int:
               f"{check.get('max_abs_logit_diff', float('nan')):.2e}, argmax agreement "
               f"{check.get('argmax_agreement', float('nan')):.2f}")
     print(f"exported {m.dims.hf_architecture} to {args.output} (engine {m.engine_id}, "
-          f"{m.weights} weights, {m.kv.dtype} KV {m.kv.bytes_per_token(m.dims)} B/token, "
-          f"max_seq {m.dims.max_seq}; {verdict})")
+          f"{m.weights} weights, {_graph_form(m)} graph, {m.kv.dtype} KV "
+          f"{m.kv.bytes_per_token(m.dims)} B/token, max_seq {m.dims.max_seq}; {verdict})")
     return 0
 
 
@@ -225,8 +225,9 @@ def run_generate(args: argparse.Namespace) -> int:
             "text": g.text, "token_ids": g.token_ids, "finish_reason": g.finish_reason,
             "output": None, "validation": None, "timings": timings,
             "prompt_tokens": g.prompt_tokens, "cached_tokens": g.cached_tokens,
-            "kv": {"dtype": engine.manifest.kv.dtype,
+            "kv": {"dtype": engine.manifest.kv.dtype, "layout": engine.manifest.kv.layout,
                    "bytes_per_token": engine.manifest.kv.bytes_per_token(engine.manifest.dims)},
+            "graph": _graph_form(engine.manifest),
             "weights": _weights_record(engine.manifest),
             "ffn_skip_ratio": g.ffn_skip_ratio}, ensure_ascii=False))
     else:
@@ -236,6 +237,13 @@ def run_generate(args: argparse.Namespace) -> int:
               f"({g.finish_reason}); load {timings['load_ms']} ms, ttft {timings['ttft_ms']} "
               f"ms, decode {timings['decode_tok_s']} tok/s", file=sys.stderr)
     return 0
+
+
+def _graph_form(m: Any) -> str:
+    """``fused`` (GroupQueryAttention, head-major KV) or ``generic``, from the KV layout."""
+    from rung.engines.manifest import HEAD_MAJOR
+
+    return "fused" if m.kv.layout == HEAD_MAJOR else "generic"
 
 
 def _weights_record(m: Any) -> dict[str, Any]:

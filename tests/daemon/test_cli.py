@@ -127,10 +127,25 @@ def test_export_fp8_kv_then_generate_reports_kv(checkpoints: dict[str, tuple[Pat
     out = tmp_path / "engine"
     assert main(["export", str(checkpoints["qwen2"][0]), "-o", str(out), "--kv", "fp8",
                  "--max-seq", "64"]) == 0
-    assert "float8_e4m3fn KV 160 B/token" in capsys.readouterr().out
+    assert "generic graph, float8_e4m3fn KV 160 B/token" in capsys.readouterr().out
     assert main(["generate", str(out), "--prompt", "Öl", "--max-tokens", "6", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["kv"] == {"dtype": "float8_e4m3fn", "bytes_per_token": 160}
+    assert doc["kv"] == {"dtype": "float8_e4m3fn", "layout": "position_major_SBHD",
+                         "bytes_per_token": 160}
+    assert doc["graph"] == "generic"
+
+
+def test_export_fp16_kv_is_the_fused_graph(checkpoints: dict[str, tuple[Path, Any]],
+                                           tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "engine"
+    assert main(["export", str(checkpoints["qwen2"][0]), "-o", str(out), "--kv", "fp16",
+                 "--max-seq", "64"]) == 0
+    assert "fp32 weights, fused graph, float16 KV" in capsys.readouterr().out
+    assert main(["generate", str(out), "--prompt", "Öl", "--max-tokens", "6", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["graph"] == "fused" and doc["kv"]["layout"] == "head_major_BHSD"
+    assert len(doc["token_ids"]) >= 1
 
 
 def test_ffn_skip_calibrate_from_the_command_line(checkpoints: dict[str, tuple[Path, Any]],
