@@ -121,31 +121,23 @@ def test_error_options_tensorrt_cannot_run(checkpoints: dict[str, tuple[Path, An
                            "--weights int8 is not available with --target trt")
 
 
-def test_export_fp8_kv_then_generate_reports_kv(checkpoints: dict[str, tuple[Path, Any]],
-                                                tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("kv,graph,dtype,layout,per_token", [
+    ("fp8", "generic", "float8_e4m3fn", "position_major_SBHD", 160),
+    ("fp16", "fused", "float16", "head_major_BHSD", 256),
+])
+def test_export_then_generate_reports_graph_and_kv(
+        kv: str, graph: str, dtype: str, layout: str, per_token: int,
+        checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "engine"
-    assert main(["export", str(checkpoints["qwen2"][0]), "-o", str(out), "--kv", "fp8",
+    assert main(["export", str(checkpoints["qwen2"][0]), "-o", str(out), "--kv", kv,
                  "--max-seq", "64"]) == 0
-    assert "generic graph, float8_e4m3fn KV 160 B/token" in capsys.readouterr().out
+    assert (f"fp32 weights, {graph} graph, {dtype} KV {per_token} B/token"
+            in capsys.readouterr().out)
     assert main(["generate", str(out), "--prompt", "Öl", "--max-tokens", "6", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["kv"] == {"dtype": "float8_e4m3fn", "layout": "position_major_SBHD",
-                         "bytes_per_token": 160}
-    assert doc["graph"] == "generic"
-
-
-def test_export_fp16_kv_is_the_fused_graph(checkpoints: dict[str, tuple[Path, Any]],
-                                           tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "engine"
-    assert main(["export", str(checkpoints["qwen2"][0]), "-o", str(out), "--kv", "fp16",
-                 "--max-seq", "64"]) == 0
-    assert "fp32 weights, fused graph, float16 KV" in capsys.readouterr().out
-    assert main(["generate", str(out), "--prompt", "Öl", "--max-tokens", "6", "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["graph"] == "fused" and doc["kv"]["layout"] == "head_major_BHSD"
-    assert len(doc["token_ids"]) >= 1
+    assert doc["kv"] == {"dtype": dtype, "layout": layout, "bytes_per_token": per_token}
+    assert doc["graph"] == graph and len(doc["token_ids"]) >= 1
 
 
 def test_ffn_skip_calibrate_from_the_command_line(checkpoints: dict[str, tuple[Path, Any]],
