@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,14 +50,24 @@ def _state_dir(cfg: Config) -> str:
 
     path = cfg.state_dir
     path.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path, prefix=".rung-check-"):
-        pass
+    free = shutil.disk_usage(path).free
+    try:   # a write that needs space, not only an inode: a full disk fails here
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".rung-check-") as probe:
+            probe.write(b"\0" * 65536)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as e:
+        raise RungError(f"{path}: cannot write ({e.strerror}; {free} bytes free): requests "
+                        "are answered 'unavailable' until it can",
+                        "free space in state_dir or fix its permissions") from e
     journal = Journal(path / "journal.db", cfg.journal.retention_s)
     counts = journal.counts()
     journal.close()
     aside = f"; a corrupt journal was moved to {journal.moved_aside}" if journal.moved_aside \
         else ""
-    return f"{path} writable; journal {dict(counts) or 'empty'}{aside}"
+    damage = f"; {journal.wal_damage}" if journal.wal_damage else ""
+    return (f"{path} writable, {free / 2**20:.0f} MiB free; journal "
+            f"{dict(counts) or 'empty'}{aside}{damage}")
 
 
 def _broker(cfg: Config) -> str:

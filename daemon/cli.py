@@ -236,6 +236,9 @@ def run_generate(args: argparse.Namespace) -> int:
               f"{len(g.token_ids)} generated "
               f"({g.finish_reason}); load {timings['load_ms']} ms, ttft {timings['ttft_ms']} "
               f"ms, decode {timings['decode_tok_s']} tok/s", file=sys.stderr)
+    if g.finish_reason == "error":
+        print(f"rung: generation failed: {g.error}", file=sys.stderr)
+        return 1
     return 0
 
 

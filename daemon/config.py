@@ -24,9 +24,29 @@ from typing import Any
 
 import yaml
 
+from rung.daemon.topics import MAX_TOPIC_BYTES, text_problem, topic_problem
 from rung.engines.errors import RungError
 
 CREDENTIAL = "credential:"
+# Upper bounds of sizes and durations: far above any sensible setting, low enough that a
+# typo (an extra three zeros) is refused naming its key instead of failing later as an
+# allocation, an overflow or a wait that never ends.
+MAX_BATCH = 64              # engine.max_batch: rows of KV buffers allocated at start-up
+MAX_THREADS = 1024          # engine.threads
+MAX_PENDING = 100_000       # queue.max_pending
+MAX_DISK_MB = 1e7           # kv.disk_mb: 10 TB
+YEAR_S = 365 * 86400.0      # timeouts, deadlines, retention
+DAY_S = 86400.0             # reconnect backoff
+MAX_HOST_BYTES = 255        # a DNS name's limit; addresses are shorter
+
+
+def physical_memory_mb() -> float:
+    """This machine's physical memory in MB (the bound of ``kv.ram_mb``); 1e7 where the
+    system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (AttributeError, ValueError, OSError):
+        return 1e7
 
 
 class ConfigError(RungError):
@@ -103,6 +123,7 @@ class JournalConfig:
     """The delivery journal: how long answered request ids are kept for dedupe."""
 
     retention_s: float = 604800.0
+    max_attempts: int = 3   # daemon deaths with a request in flight before it is quarantined
 
 
 @dataclass(frozen=True)
@@ -208,13 +229,16 @@ def _int(lo: int, hi: int | None = None) -> _Key:
     return _Key(conv, f"an integer {lo}..{hi}" if hi is not None else f"an integer >= {lo}")
 
 
-def _num(lo: float, strict: bool = False) -> _Key:
+def _num(lo: float, hi: float, strict: bool = False, what: str = "") -> _Key:
+    """A finite number in [lo, hi] (``strict``: above lo); ``what`` names the bound."""
     def conv(v: Any, key: str, ctx: _Ctx) -> float:
         if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
-                or v < lo or (strict and v == lo)):
+                or v < lo or (strict and v == lo) or v > hi):
             raise _Mismatch
         return float(v)
-    return _Key(conv, f"a number {'>' if strict else '>='} {lo:g}")
+    bound = f"{hi:.0f}" if hi >= 1 else f"{hi:g}"
+    return _Key(conv, f"a number {'>' if strict else '>='} {lo:g} and <= {bound}"
+                      + (f" ({what})" if what else ""))
 
 
 def _str(ok: Callable[[str], bool] = bool, expect: str = "a non-empty string",
@@ -351,9 +375,53 @@ def _check_metrics(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
                        "local agent or an SSH tunnel scrape it")
 
 
-def _topic_ok(t: str) -> bool:
-    return bool(t) and not set(t) & {"+", "#", "\0"} and not t.startswith("/") \
-        and not t.endswith("/")
+_BASE_TOPIC = ("a topic without wildcards (+ #), '$' prefix, control characters, empty "
+               "levels or leading/trailing '/'")
+
+
+def _base_topic(v: Any, key: str, ctx: _Ctx) -> str:
+    """A topic name the broker takes (``topics.topic_problem``) that rung can extend by
+    levels: no leading or trailing '/', no empty level."""
+    if not isinstance(v, str):
+        raise _Mismatch
+    why = topic_problem(v)
+    if why is None and (v.startswith("/") or v.endswith("/")):
+        why = "starts or ends with '/'"
+    if why is None and "//" in v:
+        why = "has an empty level ('//')"
+    if why is not None:
+        raise _Invalid(key, f"expected {_BASE_TOPIC}, got {_show(v)}, which {why}")
+    return v
+
+
+def _mqtt_str(expect: str, max_bytes: int = MAX_TOPIC_BYTES,
+              nullable: bool = False) -> _Key:
+    """A non-empty string an MQTT broker takes (client id, user name): no control
+    characters, non-characters or surrogates (``topics.text_problem``), at most
+    ``max_bytes`` of UTF-8."""
+    def conv(v: Any, key: str, ctx: _Ctx) -> str:
+        if not isinstance(v, str) or not v:
+            raise _Mismatch
+        why = text_problem(v)
+        if why is None and len(v.encode("utf-8")) > max_bytes:
+            why = f"is longer than {max_bytes} bytes"
+        if why is not None:
+            raise _Invalid(key, f"expected {expect}, got {_show(v)}, which {why}")
+        return v
+    return _Key(conv, expect, nullable)
+
+
+def _password(v: Any, key: str, ctx: _Ctx) -> str:
+    # MQTT passwords are binary data: any text, but the length field holds 65535 bytes
+    if not isinstance(v, str):
+        raise _Mismatch
+    try:
+        size = len(v.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise _Mismatch from None
+    if size > MAX_TOPIC_BYTES:
+        raise _Mismatch
+    return v
 
 
 _TLS = {"ca_file": _path("file", credential=True, nullable=True),
@@ -362,25 +430,30 @@ _TLS = {"ca_file": _path("file", credential=True, nullable=True),
         "insecure": _Key(_bool, "true or false")}
 
 _MQTT = {
-    "host": _str(),
+    "host": _mqtt_str(f"a non-empty host name or address (at most {MAX_HOST_BYTES} bytes)",
+                      MAX_HOST_BYTES),
     "port": _int(1, 65535),
-    "base_topic": _str(_topic_ok, "a topic without wildcards (+ #) or leading/trailing '/'"),
-    "client_id": _str(lambda s: 0 < len(s.encode()) <= 65535, "a non-empty string"),
+    "base_topic": _Key(_base_topic, _BASE_TOPIC),
+    "client_id": _mqtt_str("a non-empty string without control characters (at most "
+                           f"{MAX_TOPIC_BYTES} bytes)"),
     "protocol": _choice("5", "3.1.1"),
-    "username": _str(nullable=True),
-    "password": _str(lambda s: True, "a string", nullable=True, secret=True),
+    "username": _mqtt_str("a non-empty string without control characters (at most "
+                          f"{MAX_TOPIC_BYTES} bytes)", nullable=True),
+    "password": _Key(_password, f"a string of at most {MAX_TOPIC_BYTES} bytes", nullable=True,
+                     secret=True),
     "password_file": _path(credential=True, nullable=True),
     "tls": _section(TLSConfig, _TLS, nullable=True, check=_check_tls),
     "keepalive_s": _int(0, 65535),
     "session_expiry_s": _int(0, 2**32 - 1),
     "max_payload_bytes": _int(1, 268435455),  # the MQTT maximum packet size
-    "reconnect_min_s": _num(0, strict=True),
-    "reconnect_max_s": _num(0, strict=True),
+    "reconnect_min_s": _num(0, DAY_S, strict=True, what="one day"),
+    "reconnect_max_s": _num(0, DAY_S, strict=True, what="one day"),
 }
 
 _TOP = {
     "engine": _section(EngineConfig, {"path": _path(expect="the exported engine directory"),
-                                      "threads": _int(0), "max_batch": _int(1),
+                                      "threads": _int(0, MAX_THREADS),
+                                      "max_batch": _int(1, MAX_BATCH),
                                       "prepack": _Key(_bool, "true or false",
                                                       nullable=True),
                                       "backend": _choice("onnx", "trt"),
@@ -388,16 +461,24 @@ _TOP = {
                                                        "one of cpu, cuda", nullable=True)},
                        check=_check_engine),
     "mqtt": _section(MQTTConfig, _MQTT, check=_check_mqtt),
-    "queue": _section(QueueConfig, {"max_pending": _int(1),
-                                    "request_timeout_s": _num(0, strict=True)}),
+    "queue": _section(QueueConfig, {"max_pending": _int(1, MAX_PENDING),
+                                    "request_timeout_s": _num(0, YEAR_S, strict=True,
+                                                              what="one year")}),
     "metrics": _section(MetricsConfig, {"port": _int(0, 65535), "host": _str()},
                         check=_check_metrics),
-    "kv": _section(KVConfig, {"ram_mb": _num(0), "disk_mb": _num(0)}),
-    "journal": _section(JournalConfig, {"retention_s": _num(0, strict=True)}),
+    "kv": _section(KVConfig, {"ram_mb": _num(0, physical_memory_mb(),
+                                             what="this machine's physical memory"),
+                              "disk_mb": _num(0, MAX_DISK_MB, what="10 TB")}),
+    "journal": _section(JournalConfig, {"retention_s": _num(0, YEAR_S, strict=True,
+                                                             what="one year"),
+                                        "max_attempts": _int(1, 100)}),
     "log": _section(LogConfig, {"level": _choice("debug", "info", "warning", "error")}),
-    "modbus": _section(ModbusConfig, {"reconnect_min_s": _num(0, strict=True),
-                                      "reconnect_max_s": _num(0, strict=True),
-                                      "job_timeout_s": _num(0, strict=True)},
+    "modbus": _section(ModbusConfig, {"reconnect_min_s": _num(0, DAY_S, strict=True,
+                                                              what="one day"),
+                                      "reconnect_max_s": _num(0, DAY_S, strict=True,
+                                                              what="one day"),
+                                      "job_timeout_s": _num(0, YEAR_S, strict=True,
+                                                            what="one year")},
                        check=_check_modbus),
     "state_dir": _path("no_file", expect="a directory path"),
     "tasks_dir": _path("dir", nullable=True),

@@ -1,12 +1,16 @@
 """The delivery journal: every request durably recorded before the broker hears it was
 received, every answer recorded before it is published, every duplicate recognised.
 
-One SQLite file in ``state_dir`` (WAL, ``synchronous=FULL``: a row survives a power cut once
-``record`` returns). A row's life::
+One SQLite file in ``state_dir`` (WAL, ``synchronous=FULL``, and a checkpoint after every
+write: a row is in the database file itself, not only in the WAL, once ``record`` returns,
+so a WAL cut short after a crash cannot take an acknowledged request with it; a WAL that
+ends in a damaged tail is reported at open, see ``wal.py``). A row's life::
 
     record() -> pending --answer()--> answered --delivered()--> delivered
-                                         ^ a restart republishes rows left here
-    a restart re-runs rows left pending (or answers ``expired``)
+                  |  ^ started(): attempts+1   ^ a restart republishes rows left here
+                  |                           `--dead()--> dead (the broker refused it)
+    a restart re-runs rows left pending (or answers ``expired``); one started
+    ``max_attempts`` times without an answer is answered ``internal`` (quarantined)
 
 Duplicates: a request that names itself (MQTT v5 Correlation Data or the payload's ``id``)
 has a key over its reply address, id, topic and payload; a redelivery of it is recognised
@@ -22,11 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rung.daemon import wal
 from rung.engines.errors import RungError
 
 log = logging.getLogger("rung.journal")
@@ -44,7 +50,9 @@ CREATE TABLE IF NOT EXISTS entries (
     state TEXT NOT NULL,        -- pending | answered | delivered
     reply_topic TEXT,
     response BLOB,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,  -- times the model started on it
+    note TEXT                   -- why a row was quarantined or dead-lettered
 );
 CREATE INDEX IF NOT EXISTS entries_state ON entries(state);
 """
@@ -73,6 +81,7 @@ class Entry:
     state: str = "pending"
     reply_topic: str | None = None
     response: bytes | None = None
+    attempts: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,12 +117,31 @@ class Journal:
     def __init__(self, path: Path, retention_s: float = 7 * 86400.0) -> None:
         self.path, self.retention_s = Path(path), retention_s
         self.moved_aside: Path | None = None
+        self.wal_damage: str | None = None   # what a damaged WAL tail held, at open
+        self.healthy = True                  # False after a failed write, until one works
+        self.last_error: str | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._check_wal()
             self.db = self._open()
         except (OSError, sqlite3.Error) as e:
             raise JournalError(f"{self.path}: cannot open the delivery journal ({e})",
                                "check state_dir and its permissions") from e
+
+    def _check_wal(self) -> None:
+        """Report (and keep a copy of) a WAL whose tail SQLite is about to drop."""
+        side = Path(f"{self.path}-wal")
+        state = wal.inspect(side)
+        if state.problem is None:
+            return
+        copy = side.with_name(f"{side.name}.damaged-{int(time.time())}")
+        shutil.copyfile(side, copy)
+        self.wal_damage = (f"{side}: ends in {state.problem}; {state.dropped_bytes} bytes "
+                           f"after the last complete commit are dropped ({state.committed_frames}"
+                           f" committed frames kept; a copy is in {copy.name}). Requests "
+                           "acknowledged to the broker are never in that tail (each is "
+                           "checkpointed first); a lost unacknowledged one is redelivered")
+        log.error("journal write-ahead log damaged: %s", self.wal_damage)
 
     def _open(self) -> sqlite3.Connection:
         if self.path.exists():
@@ -145,17 +173,44 @@ class Journal:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.executescript(SCHEMA)
+        columns = {r[1] for r in db.execute("PRAGMA table_info(entries)")}
+        for name, decl in (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("note", "TEXT")):
+            if name not in columns:   # a journal from an earlier version
+                db.execute(f"ALTER TABLE entries ADD COLUMN {name} {decl}")
         return db
 
     def close(self) -> None:
         self.db.close()
 
     def _write(self, sql: str, args: tuple[object, ...]) -> sqlite3.Cursor:
+        """Run one statement (its own transaction); a change is checkpointed into the
+        database file before this returns."""
         try:
-            return self.db.execute(sql, args)
+            cur = self.db.execute(sql, args)
+            if cur.rowcount > 0:
+                self._checkpoint()
         except sqlite3.Error as e:
+            if self.healthy:
+                log.error("journal writes failing: %s", e)
+            self.healthy, self.last_error = False, str(e)
             raise JournalError(f"{self.path}: journal write failed ({e})",
                                "check free space in state_dir") from e
+        if cur.rowcount > 0 and not self.healthy:   # a change landed: writes work again
+            log.warning("journal writes work again")
+            self.healthy, self.last_error = True, None
+        return cur
+
+    def _checkpoint(self) -> None:
+        """The commit is durable in the WAL already (``synchronous=FULL``); copying it into
+        the database file keeps it safe from a WAL cut short. A checkpoint that cannot run
+        now (a reader such as ``rung check``, a full disk) is retried with the next write."""
+        try:
+            busy = self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        except sqlite3.Error as e:
+            log.warning("journal checkpoint failed: %s", e)
+            return
+        if busy:
+            log.debug("journal checkpoint deferred: another connection reads the journal")
 
     def record(self, msg: Incoming, now: float | None = None) -> Entry | None:
         """Record a received message durably; None when it is a duplicate of a kept row."""
@@ -176,11 +231,28 @@ class Journal:
         return Entry(int(cur.lastrowid or 0), msg.topic, msg.payload, msg.response_topic,
                      msg.correlation, now, expires)
 
-    def answer(self, seq: int, reply_topic: str, response: bytes) -> None:
+    def answer(self, seq: int, reply_topic: str, response: bytes,
+               note: str | None = None) -> None:
         """Record the answer to publish (before publishing it)."""
         self._write("UPDATE entries SET state = 'answered', reply_topic = ?, response = ?, "
-                    "updated = ? WHERE seq = ? AND state = 'pending'",
-                    (reply_topic, response, time.time(), seq))
+                    "updated = ?, note = ? WHERE seq = ? AND state = 'pending'",
+                    (reply_topic, response, time.time(), note, seq))
+
+    def started(self, seq: int) -> int:
+        """The model starts on a pending row: count it (a row that keeps taking the daemon
+        down with it is recognised after a restart); returns the attempts so far."""
+        cur = self._write("UPDATE entries SET attempts = attempts + 1, updated = ? "
+                          "WHERE seq = ? AND state = 'pending' RETURNING attempts",
+                          (time.time(), seq))
+        row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    def dead(self, seq: int, note: str) -> None:
+        """Give up publishing an answer the broker keeps refusing (the row and its
+        response stay for inspection until pruned)."""
+        self._write("UPDATE entries SET state = 'dead', updated = ?, note = ?, "
+                    "key = CASE WHEN key LIKE 'anon:%' THEN NULL ELSE key END "
+                    "WHERE seq = ? AND state = 'answered'", (time.time(), note, seq))
 
     def delivered(self, seq: int) -> None:
         """The broker acknowledged the answer; anonymous rows give up their key."""
@@ -191,7 +263,8 @@ class Journal:
     def _entries(self, state: str) -> list[Entry]:
         rows = self.db.execute(
             "SELECT seq, topic, payload, response_topic, correlation, received, expires, "
-            "state, reply_topic, response FROM entries WHERE state = ? ORDER BY seq",
+            "state, reply_topic, response, attempts FROM entries WHERE state = ? "
+            "ORDER BY seq",
             (state,)).fetchall()
         return [Entry(*r) for r in rows]
 
@@ -203,6 +276,12 @@ class Journal:
         """Answered, the broker has not acknowledged the answer (oldest first)."""
         return self._entries("answered")
 
+    def dead_letters(self) -> list[tuple[int, str, str | None]]:
+        """(seq, reply topic, why) of answers given up on, oldest first."""
+        rows = self.db.execute("SELECT seq, reply_topic, note FROM entries WHERE "
+                               "state = 'dead' ORDER BY seq").fetchall()
+        return [(int(r[0]), str(r[1]), r[2]) for r in rows]
+
     def counts(self) -> dict[str, int]:
         rows = self.db.execute("SELECT state, COUNT(*) FROM entries GROUP BY state")
         return {state: n for state, n in rows}
@@ -210,6 +289,7 @@ class Journal:
     def prune(self, now: float | None = None) -> int:
         """Forget delivered rows older than the retention; returns rows removed."""
         cutoff = (time.time() if now is None else now) - self.retention_s
-        cur = self._write("DELETE FROM entries WHERE state = 'delivered' AND updated < ?",
+        cur = self._write("DELETE FROM entries WHERE state IN ('delivered', 'dead') "
+                          "AND updated < ?",
                           (cutoff,))
         return cur.rowcount

@@ -52,7 +52,12 @@ class JsonFormatter(logging.Formatter):
             for k, v in fields.items():
                 key = str(k)
                 out[key + "_" if key in _CORE else key] = _jsonable(v)
-        return json.dumps(out, ensure_ascii=False)
+        line = json.dumps(out, ensure_ascii=False)
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:   # a lone surrogate (from a JSON escape): keep it escaped
+            line = json.dumps(out)
+        return line
 
 
 class _RungHandler(logging.StreamHandler[TextIO]):

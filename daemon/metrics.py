@@ -80,6 +80,17 @@ class Metrics:
                                      registry=r)
         self.up = Gauge("rung_up", "1 while the daemon runs", registry=r)
         self.up.set(1)
+        self.storage_ok = Gauge("rung_storage_ok", "1 while journal writes in state_dir work",
+                                registry=r)
+        self.storage_ok.set(1)
+        self.journal_wal_damaged = Gauge("rung_journal_wal_damaged", "1 when the journal's "
+                                         "write-ahead log ended in a damaged tail at start-up",
+                                         registry=r)
+        self.dead_letters = Counter("rung_answers_dead_lettered", "Answers the broker kept "
+                                    "refusing, given up on (journal state dead)", registry=r)
+        self.quarantined = Counter("rung_requests_quarantined", "Requests answered internal "
+                                   "after they were in flight at too many daemon deaths",
+                                   registry=r)
         self.info = Info("rung", "Version and engine of this daemon", registry=r)
         self._kv: dict[str, Gauge] = {}
         self._labels: dict[str, set[str]] = {"task": set(), "outcome": set()}
@@ -156,6 +167,15 @@ class Metrics:
     def set_journal_pending(self, n: int) -> None:
         """Journal entries received but not yet answered."""
         self.journal_pending.set(n)
+
+    def set_storage(self, ok: bool) -> None:
+        """Whether the journal can write in ``state_dir`` (0: requests are refused
+        ``unavailable`` until it can again)."""
+        self.storage_ok.set(1 if ok else 0)
+
+    def set_down(self) -> None:
+        """The daemon cannot serve any more (it is about to exit for a restart)."""
+        self.up.set(0)
 
     def set_info(self, **labels: str) -> None:
         """Sets ``rung_info`` labels, e.g. version, engine, kv_dtype (replaces earlier ones)."""

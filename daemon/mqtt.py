@@ -115,7 +115,9 @@ class MQTTLink:
             {"online": False, "client_id": c.client_id}), qos=1, retain=True)
         client = aiomqtt.Client(
             **connect_args(c), identifier=c.client_id,
-            clean_session=None if self.v5 else False, clean_start=False,
+            # v5: clean start off; 3.1.1: clean session off (paho refuses clean_start there)
+            clean_session=None if self.v5 else False,
+            clean_start=False if self.v5 else paho_mqtt.MQTT_CLEAN_START_FIRST_ONLY,
             properties=props, will=will, keepalive=c.keepalive_s, timeout=10)
         client.pending_calls_threshold = 1000   # answers are published back to back
         # before connecting: messages queued in the session arrive right after CONNACK

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rung.daemon.journal import Entry
+from rung.daemon.topics import surrogate_path, text_problem, topic_problem
 
 _FIELDS = {"input", "id", "reply_to", "client", "session", "max_tokens", "temperature",
            "seed", "top_p", "top_k"}
@@ -67,16 +68,17 @@ class Failure:
 
 
 def _valid_topic(topic: Any) -> bool:
-    if not isinstance(topic, str):
-        return False
-    try:
-        size = len(topic.encode("utf-8"))
-    except UnicodeEncodeError:      # a lone surrogate from a JSON escape: not publishable
-        return False
-    return 0 < size <= 65535 and not any(c in topic for c in "+#\0")
+    return isinstance(topic, str) and topic_problem(topic) is None
 
 
-def _peek(payload: bytes) -> dict[str, Any]:
+def _valid_text(value: Any) -> bool:
+    return isinstance(value, str) and text_problem(value) is None
+
+
+def peek(payload: bytes, limit: int | None = None) -> dict[str, Any]:
+    """The payload as a JSON object, or {} (too large, not JSON, not an object)."""
+    if limit is not None and len(payload) > limit:
+        return {}
     try:
         doc = json.loads(payload.decode("utf-8"))
     except (ValueError, RecursionError):   # also an integer past Python's digit limit
@@ -88,7 +90,7 @@ def claimed_id(payload: bytes, limit: int) -> str | None:
     """The payload's ``id`` when it is a string (for deduplication before parsing)."""
     if len(payload) > limit:
         return None
-    value = _peek(payload).get("id")
+    value = peek(payload).get("id")
     return value if isinstance(value, str) else None
 
 
@@ -96,7 +98,7 @@ def reply_address(entry: Entry, base: str, client_id: str, doc: Mapping[str, Any
     """The best reply address for a message (falls back to the default reply topic when
     the named one is unusable: an error must still reach someone)."""
     pid = doc.get("id")
-    rid = pid if isinstance(pid, str) and len(pid) <= _MAX_ID else None
+    rid = pid if isinstance(pid, str) and _valid_text(pid) and len(pid) <= _MAX_ID else None
     if rid is None and entry.correlation is not None:
         rid = entry.correlation.decode("utf-8", "replace")[:_MAX_ID]
     if entry.response_topic and _valid_topic(entry.response_topic):
@@ -105,20 +107,36 @@ def reply_address(entry: Entry, base: str, client_id: str, doc: Mapping[str, Any
     if isinstance(reply_to, str) and _valid_topic(reply_to):
         return Address(reply_to, entry.correlation, rid)
     client = doc.get("client")
-    name = client if isinstance(client, str) and _valid_topic(client) and "/" not in client \
+    name = client if isinstance(client, str) and topic_problem(client, level=True) is None \
         else client_id
     return Address(f"{base}/res/{name}", entry.correlation, rid)
+
+
+def _string_problem(key: str, v: str) -> str | None:
+    """Why a string field cannot be used (the broker's rules for topics and ids)."""
+    if key == "reply_to":
+        return topic_problem(v)
+    if key == "client":
+        return topic_problem(v, level=True)
+    if key == "id" and len(v) > _MAX_ID:
+        return f"is longer than {_MAX_ID} characters"
+    return text_problem(v)   # id, session: echoed in answers, logs and MQTT properties
 
 
 def _type_error(doc: Mapping[str, Any]) -> str | None:
     """The first field of a request object with a wrong type or value, as a message."""
     unknown = sorted(set(doc) - _FIELDS)
     if unknown:
-        return f"unknown field {unknown[0]!r} (known: {', '.join(sorted(_FIELDS))})"
+        name = unknown[0].encode("utf-8", "backslashreplace").decode("utf-8")
+        return f"unknown field {name!r} (known: {', '.join(sorted(_FIELDS))})"
     if "input" not in doc:
         return "missing field 'input' (the task's input object)"
     if not isinstance(doc["input"], dict):
         return "'input' must be a JSON object"
+    where = surrogate_path(doc["input"], "input")
+    if where is not None:
+        return (f"'{where}' holds a lone surrogate (a \\uD800-\\uDFFF escape without its "
+                "pair): not text; send the character itself or a valid escape pair")
     checks: dict[str, tuple[tuple[type, ...], str]] = {
         "id": ((str,), f"a string of at most {_MAX_ID} characters"),
         "reply_to": ((str,), "a topic name without wildcards"),
@@ -136,10 +154,12 @@ def _type_error(doc: Mapping[str, Any]) -> str | None:
         if isinstance(doc[key], bool) or not isinstance(doc[key], types):
             return f"'{key}' must be {what}, got {type(doc[key]).__name__}"
         v: Any = doc[key]
-        bad = ((key == "id" and len(v) > _MAX_ID)
-               or (key == "reply_to" and not _valid_topic(v))
-               or (key == "client" and (not _valid_topic(v) or "/" in v))
-               or (key == "max_tokens" and v < 1)
+        if isinstance(v, str):
+            why = _string_problem(key, v)
+            if why is not None:
+                return f"'{key}' {why}; it must be {what}"
+            continue
+        bad = ((key == "max_tokens" and v < 1)
                or (key == "temperature" and not 0 <= v <= sys.float_info.max)
                or (key == "top_p" and not (0 < v <= 1))
                or (key == "top_k" and v < 0)

@@ -6,7 +6,8 @@ waiting requests join free rows (those past their deadline are answered ``expire
 finished sequences leave and are answered, so a request never waits for a whole batch.
 The steps run in one worker thread, so the event loop keeps serving MQTT, Modbus, metrics
 and the watchdog while the engine works. Every request leaves through ``answer`` exactly
-once.
+once; whatever goes wrong with one request (its prompt, its grammar, its sampling, its
+validation) is that request's answer (``internal`` at worst), never the loop's end.
 """
 
 from __future__ import annotations
@@ -68,8 +69,10 @@ class Scheduler:
 
     def __init__(self, runner: TaskRunner, answer: AnswerFn, max_pending: int,
                  max_batch: int = 1, stuck_after_s: float = 600.0,
-                 make_decoder: Callable[[int], Decoder] | None = None) -> None:
+                 make_decoder: Callable[[int], Decoder] | None = None,
+                 on_start: Callable[[Request], object] | None = None) -> None:
         self.runner, self.answer = runner, answer
+        self.on_start = on_start      # told before the model starts on a request
         self.max_pending, self.max_batch = max_pending, max_batch
         self.stuck_after_s = stuck_after_s
         self.make_decoder = make_decoder or self._batch_decoder
@@ -149,20 +152,31 @@ class Scheduler:
                                           "was started (message expiry or "
                                           "queue.request_timeout_s)"))
                 continue
-            params = SamplingParams(temperature=req.temperature, top_p=req.top_p,
-                                    top_k=req.top_k, seed=req.seed)
-            prepared = self.runner.prepare(req.task, req.input, params, req.max_tokens)
-            if isinstance(prepared, TaskResult):
-                self._reply(req, prepared)
-                continue
-            tag = next(self._tags)
             try:
-                self.decoder.add(tag, prepared.ids, prepared.params, prepared.constraint)
-            except RungError as e:
-                self._reply(req, TaskResult(req.task, False, None, None,
-                                            {"code": "too_long", "message": e.message}, None))
-                continue
-            self._inflight[tag] = (req, prepared)
+                self._start(req)
+            except Exception as e:   # this request's failure, not the loop's
+                log.exception("request %d failed before generation", req.seq)
+                self._reply(req, TaskResult(req.task, False, None, None, {
+                    "code": "internal", "message": f"{type(e).__name__}: {e}"[:300]}, None))
+
+    def _start(self, req: Request) -> None:
+        """Prepare a request and put it in a free row (or answer it when it cannot run)."""
+        if self.on_start is not None:
+            self.on_start(req)
+        params = SamplingParams(temperature=req.temperature, top_p=req.top_p,
+                                top_k=req.top_k, seed=req.seed)
+        prepared = self.runner.prepare(req.task, req.input, params, req.max_tokens)
+        if isinstance(prepared, TaskResult):
+            self._reply(req, prepared)
+            return
+        tag = next(self._tags)
+        try:
+            self.decoder.add(tag, prepared.ids, prepared.params, prepared.constraint)
+        except RungError as e:
+            self._reply(req, TaskResult(req.task, False, None, None,
+                                        {"code": "too_long", "message": e.message}, None))
+            return
+        self._inflight[tag] = (req, prepared)
 
     def _fail_inflight(self, message: str) -> None:
         """Every request in the batch answered ``internal``; a fresh batch (its KV state
@@ -204,6 +218,8 @@ class Scheduler:
             except TimeoutError:
                 log.warning("generation still running after %.0f s; its requests stay "
                             "pending in the journal", grace_s)
+            except Exception:   # the loop had died (already reported): nothing to finish
+                pass
         self._pool.shutdown(wait=False, cancel_futures=True)
         return len(self.queue)
 

@@ -31,9 +31,11 @@ from rung.daemon.regmap import load_map
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
 from rung.daemon.task_runner import TaskRunner
+from rung.daemon.topics import topic_problem
 
 log = logging.getLogger("rung.serve")
 VERSION = "0.1.0"
+PUBLISH_ATTEMPTS = 3   # publishes of one answer that end the connection before it is dropped
 
 
 def build_runner(cfg: Config) -> TaskRunner:
@@ -66,9 +68,12 @@ class Service:
         self.notifier = notifier or Notifier()
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(cfg.state_dir / "journal.db", cfg.journal.retention_s)
+        if self.journal.wal_damage is not None:
+            self.metrics.journal_wal_damaged.set(1)
         self.scheduler = Scheduler(runner, self._answer, cfg.queue.max_pending,
                                    cfg.engine.max_batch,
-                                   stuck_after_s=max(120.0, 2 * cfg.queue.request_timeout_s))
+                                   stuck_after_s=max(120.0, 2 * cfg.queue.request_timeout_s),
+                                   on_start=self._started)
         self.link = MQTTLink(cfg.mqtt, self._on_message, self._birth, self._on_connect,
                              self.metrics)
         self._links: dict[str, dict[str, Any]] = {}   # PLC link states, retained on MQTT
@@ -86,6 +91,11 @@ class Service:
         self._stopping = asyncio.Event()
         self._link_task: asyncio.Task[None] | None = None
         self._direct: set[asyncio.Task[bool]] = set()
+        self._refused: dict[int, int] = {}     # answer seq -> publishes the broker refused
+        # answers done with whose journal row could not be updated yet (a failing disk):
+        # seq -> None (published: delivered) or why it was dead-lettered; never resent
+        self._unmarked: dict[int, str | None] = {}
+        self.exit_code = 0
         m = runner.engine.manifest
         self.metrics.set_info(version=VERSION, engine=m.engine_id, kv_dtype=m.kv.dtype)
 
@@ -156,18 +166,59 @@ class Service:
         try:
             entry = self.journal.record(msg)
         except JournalError as e:
-            log.error("%s", e)
-            return False
+            self.metrics.set_storage(False)
+            self._unrecorded(msg, e)
+            return True
+        self.metrics.set_storage(True)
         if entry is None:
             self.metrics.observe_request(None, "duplicate")
             return True
-        self._route(entry)
+        try:
+            self._route(entry)
+        except Exception as e:   # a bug in routing answers this request, nothing else
+            log.exception("request %d could not be routed", entry.seq)
+            self._publish_answer(entry.seq, rq.reply_address(entry, self.cfg.mqtt.base_topic,
+                                                             self.cfg.mqtt.client_id, {}),
+                                 None, "internal", f"{type(e).__name__}: {e}", entry.received)
         return True
+
+    def _unrecorded(self, msg: Incoming, err: JournalError) -> None:
+        """A request the journal cannot hold (a full or failing ``state_dir``): answered
+        ``unavailable`` at once, straight from memory, and acknowledged, so the broker's
+        window never fills with requests rung can neither run nor refuse; intake works
+        again with the first write that succeeds."""
+        entry = Entry(0, msg.topic, msg.payload, msg.response_topic, msg.correlation,
+                      time.time(), None)
+        reply = rq.reply_address(entry, self.cfg.mqtt.base_topic, self.cfg.mqtt.client_id,
+                                 rq.peek(msg.payload, self.cfg.mqtt.max_payload_bytes))
+        task = msg.topic.rpartition("/")[2] or None
+        payload = rq.error_response(reply, task, "unavailable", f"request not accepted: "
+                                    f"{err.message}; retry later")
+        self.metrics.observe_request(None, "unavailable")
+        self._publish_direct(reply, payload)
+
+    def _publish_direct(self, reply: rq.Address, payload: bytes) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self.link.publish(reply.topic, payload, correlation=reply.correlation))
+        self._direct.add(task)
+        task.add_done_callback(self._direct.discard)
+
+    def _started(self, req: rq.Request) -> None:
+        """Count the attempt before the model starts (a poison message is recognised)."""
+        if req.on_answer is not None or req.seq <= 0:
+            return   # Modbus jobs live in the PLC's registers, not in the journal
+        try:
+            self.journal.started(req.seq)
+        except JournalError:
+            self.metrics.set_storage(False)
 
     def _route(self, entry: Entry, recovered: bool = False) -> None:
         req = rq.parse(entry, self.cfg.mqtt.base_topic, self.cfg.mqtt.client_id,
                        self.runner.tasks, self.cfg.mqtt.max_payload_bytes,
                        self.cfg.queue.request_timeout_s)
+        if recovered and entry.attempts >= self.cfg.journal.max_attempts:
+            self._quarantine(entry, req)
+            return
         if isinstance(req, rq.Failure):
             self._publish_answer(req.seq, req.reply, req.task, req.code, req.message,
                                  entry.received)
@@ -178,6 +229,18 @@ class Service:
                                 "pending); retry later"))
         self.metrics.set_queue(self.scheduler.depth, self.scheduler.inflight)
 
+    def _quarantine(self, entry: Entry, req: rq.Request | rq.Failure) -> None:
+        """A request the daemon died on ``attempts`` times: answered, never run again."""
+        why = (f"quarantined: the daemon stopped {entry.attempts} times while this request "
+               f"was in flight (journal.max_attempts = {self.cfg.journal.max_attempts}); "
+               "it is not run again")
+        log.error("request %d %s", entry.seq, why)
+        self.metrics.quarantined.inc()
+        task = req.task if isinstance(req, rq.Request) else None
+        self._publish_answer(entry.seq, req.reply, task, "internal", why, entry.received,
+                             note=why)
+        self.metrics.observe_request(task, "internal", total_s=time.time() - entry.received)
+
     # -- answers -------------------------------------------------------------------------
 
     def _answer(self, a: Answer) -> None:
@@ -186,10 +249,10 @@ class Service:
             self._observe(a)
             req.on_answer(a)
             return
+        usage = {k: a.usage.get(k) for k in ("prompt_tokens", "completion_tokens",
+                                             "cached_tokens", "ttft_ms")}
+        usage["total_ms"] = round((time.time() - req.received) * 1000, 1)
         if a.ok:
-            usage = {k: a.usage.get(k) for k in ("prompt_tokens", "completion_tokens",
-                                                 "cached_tokens", "ttft_ms")}
-            usage["total_ms"] = round((time.time() - req.received) * 1000, 1)
             payload = rq.ok_response(req.reply, req.task, a.output, a.validation, usage)
             self._record(req.seq, req.reply, payload)
             log.info("answered", extra={"rung_fields": {
@@ -198,8 +261,10 @@ class Service:
         else:
             # an answer that failed a semantic check comes with the output and the
             # validation, so the engineer sees why it is not trusted (ok stays false)
-            extra = ({"output": a.output, "validation": a.validation}
-                     if a.code == "invalid_output" else None)
+            extra: dict[str, Any] = ({"output": a.output, "validation": a.validation}
+                                     if a.code == "invalid_output" else {})
+            if a.usage:   # it reached the model (truncated, invalid_output, internal)
+                extra["usage"] = usage
             self._publish_answer(req.seq, req.reply, req.task, a.code or "internal",
                                  a.message, req.received, extra, req.session)
         self._observe(a)
@@ -221,24 +286,22 @@ class Service:
 
     def _publish_answer(self, seq: int, reply: rq.Address, task: str | None, code: str,
                         message: str, received: float, extra: dict[str, Any] | None = None,
-                        session: str | None = None) -> None:
-        self._record(seq, reply, rq.error_response(reply, task, code, message, extra))
+                        session: str | None = None, note: str | None = None) -> None:
+        self._record(seq, reply, rq.error_response(reply, task, code, message, extra), note)
         log.info("answered", extra={"rung_fields": {
             "seq": seq, "task": task, "ok": False, "code": code, "error": message,
             "id": reply.id, "session": session,
             "ms": round((time.time() - received) * 1000, 1)}})
 
-    def _record(self, seq: int, reply: rq.Address, payload: bytes) -> None:
+    def _record(self, seq: int, reply: rq.Address, payload: bytes,
+                note: str | None = None) -> None:
         try:
-            self.journal.answer(seq, reply.topic, payload)
-        except JournalError as e:
+            self.journal.answer(seq, reply.topic, payload, note)
+        except JournalError:
             # the answer still goes out, straight from memory; the row stays pending, so
             # a restart answers the request again (at least once beats never)
-            log.error("%s", e)
-            task = asyncio.get_running_loop().create_task(
-                self.link.publish(reply.topic, payload, correlation=reply.correlation))
-            self._direct.add(task)
-            task.add_done_callback(self._direct.discard)
+            self.metrics.set_storage(False)
+            self._publish_direct(reply, payload)
             return
         self._wake_outbox()
 
@@ -251,17 +314,60 @@ class Service:
         while True:
             await self._outbox_wake.wait()
             self._outbox_wake.clear()
+            self._mark_delivered()
             for e in self.journal.undelivered():
-                if e.reply_topic is None or e.response is None:
+                if e.reply_topic is None or e.response is None or e.seq in self._unmarked:
                     continue
-                if not await self.link.publish(e.reply_topic, e.response,
-                                               correlation=e.correlation):
-                    break   # disconnected: the next connection wakes us
-                self.journal.delivered(e.seq)
+                why = topic_problem(e.reply_topic)
+                if why is not None:    # recorded by an older version: the broker refuses it
+                    self._dead_letter(e.seq, e.reply_topic, f"reply topic {why}")
+                    continue
+                was_connected = self.link.connected
+                if await self.link.publish(e.reply_topic, e.response,
+                                           correlation=e.correlation):
+                    self._refused.pop(e.seq, None)
+                    self._unmarked[e.seq] = None
+                    self._mark_delivered()
+                    continue
+                if was_connected and self._refuse(e.seq, e.reply_topic):
+                    continue   # dead-lettered: the rest flow
+                break   # disconnected: the next connection wakes us
             else:
-                if not self._outbox_wake.is_set():
+                if not self._outbox_wake.is_set() and not self._unmarked:
                     self._outbox_idle.set()
             self.metrics.set_journal_pending(len(self.journal.pending()))
+
+    def _mark_delivered(self) -> None:
+        """Record deliveries (kept in memory while the journal cannot write, so a published
+        answer is not published again meanwhile)."""
+        for seq, dead in sorted(self._unmarked.items()):
+            try:
+                if dead is None:
+                    self.journal.delivered(seq)
+                else:
+                    self.journal.dead(seq, dead)
+            except JournalError:
+                self.metrics.set_storage(False)
+                return
+            del self._unmarked[seq]
+
+    def _refuse(self, seq: int, topic: str) -> bool:
+        """Count a publish that failed while connected (the broker may have dropped the
+        connection because of it); True once it is dead-lettered."""
+        n = self._refused[seq] = self._refused.get(seq, 0) + 1
+        if n < PUBLISH_ATTEMPTS:
+            return False
+        self._dead_letter(seq, topic, f"the broker refused it {n} times (the connection "
+                          "ended or the publish timed out on each)")
+        return True
+
+    def _dead_letter(self, seq: int, topic: str, why: str) -> None:
+        self._refused.pop(seq, None)
+        log.error("answer dead-lettered", extra={"rung_fields": {
+            "seq": seq, "reply_topic": topic, "why": why}})
+        self.metrics.dead_letters.inc()
+        self._unmarked[seq] = why
+        self._mark_delivered()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -277,7 +383,13 @@ class Service:
         once connected. Returns the requests re-queued."""
         pending = self.journal.pending()
         for e in pending:
-            self._route(e, recovered=True)
+            try:
+                self._route(e, recovered=True)
+            except Exception as err:   # answered, so it is not recovered again and again
+                log.exception("recovered request %d could not be routed", e.seq)
+                self._publish_answer(e.seq, rq.reply_address(
+                    e, self.cfg.mqtt.base_topic, self.cfg.mqtt.client_id, {}), None,
+                    "internal", f"{type(err).__name__}: {err}", e.received)
         if pending:
             log.info("recovered %d requests from the journal", len(pending))
         return len(pending)
@@ -300,7 +412,9 @@ class Service:
         self.journal.prune()
         self.recover()
         self._link_task = loop.create_task(self.link.run(), name="mqtt")
-        tasks = [self.scheduler.start(), loop.create_task(self._outbox(), name="outbox"),
+        engine_loop = self.scheduler.start()
+        engine_loop.add_done_callback(self._scheduler_ended)
+        tasks = [engine_loop, loop.create_task(self._outbox(), name="outbox"),
                  self._link_task]
         tasks += [loop.create_task(a.run(), name=f"plc-{a.plc.id}") for a in self.agents]
         if self.cfg.metrics.port:
@@ -323,7 +437,21 @@ class Service:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        return 0
+        return self.exit_code
+
+    def _scheduler_ended(self, task: asyncio.Task[None]) -> None:
+        """The engine loop ended without being asked to: never silent. ``rung_up`` drops,
+        the watchdog stops (liveness fails) and the daemon exits 70 for systemd to restart
+        it; the requests it held stay pending in the journal (a poison one is quarantined
+        after ``journal.max_attempts``)."""
+        if self._stopping.is_set():
+            return
+        err = None if task.cancelled() else task.exception()
+        log.critical("the scheduler loop has stopped: exiting for a restart",
+                     exc_info=(type(err), err, err.__traceback__) if err else None)
+        self.metrics.set_down()
+        self.exit_code = 70
+        self._stopping.set()
 
     async def _status_loop(self) -> None:
         """STATUS= every 5 s (READY=1 again after a broker outage); the journal pruned

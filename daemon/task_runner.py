@@ -167,6 +167,8 @@ class TaskRunner:
 
     def _finish(self, task: Task, data: Any, gen: Generation,
                 constraint: Constraint) -> TaskResult:
+        if gen.finish_reason == "error":   # this row's step failed; its neighbours went on
+            return _fail(task.name, "internal", f"generation failed: {gen.error}", gen)
         if gen.finish_reason == "length" and not constraint.accepting:
             return _fail(task.name, "truncated", f"max_tokens reached after "
                          f"{len(gen.token_ids)} tokens before the JSON closed", gen)

@@ -5,7 +5,8 @@ longest cached prefix restored first); every ``step`` is one ``engine.forward`` 
 rows: a joining row feeds the next chunk of its prompt, a decoding row its last token, a
 free row nothing (``n_new = 0``). Rows that finish leave with their ``Generation`` and free
 their row at once, so a waiting request joins on the next step instead of after the whole
-batch. Sampling, grammar masks and stop checks are per row, as in ``generate``.
+batch. Sampling, grammar masks and stop checks are per row, as in ``generate``: a row whose
+token step fails leaves with ``finish_reason`` ``"error"`` and the others decode on.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class BatchDecoder:
         if skips is not None and s.skips0 is not None and steps > 0:
             # gates act on one-token steps of a single sequence: with one row, all its own
             g.ffn_skip_ratio = float((skips - s.skips0).sum() / (steps * len(skips)))
-        if self.prefix is not None:
+        if self.prefix is not None and g.error is None:
             self.prefix.save(self.cache, b, s.prompt + g.token_ids)
         self.seqs[b] = None
         self.cache.lengths[b] = 0

@@ -4,7 +4,9 @@ Several sequences of different lengths run as one batch: prompts are right-padde
 prefill, then every step feeds one token per row; a finished row idles (``n_new = 0``) and
 its cache stops growing. Each row has its own seeded sampler, so a prompt gives the same
 tokens alone or in a batch (on an engine with FFN gates only when they skip nothing: gates
-act on decode steps of a single sequence).
+act on decode steps of a single sequence). A row whose token step fails (sampling, its
+grammar, its detokenizing) finishes alone with ``finish_reason`` ``"error"``; the other rows
+go on.
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ class Generation:
     prompt_tokens: int
     token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "error" (then ``error`` says why)
     ttft_ms: float
     decode_tok_s: float
     ffn_skip_ratio: float | None = None  # skipped / (one-token steps x layers); None = n/a
     mask_seconds: list[float] | None = None  # per step, when decoding under a constraint
     cached_tokens: int = 0  # prompt positions restored from a cache instead of prefilled
+    error: str | None = None  # why the row's token step failed (finish_reason "error")
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Row:
     text: str = ""
     emitted: int = 0
     finish: str | None = None
+    error: str | None = None
 
 
 def _prefill_batch(prompts: Sequence[Sequence[int]],
@@ -130,7 +134,8 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
             t_first = time.perf_counter()
         if all(r.finish is not None for r in rows):
             break
-        tokens = np.array([[r.token_ids[-1]] for r in rows], np.int64)
+        # a row that failed on its first token has none: it idles on a pad of 0
+        tokens = np.array([[r.token_ids[-1] if r.token_ids else 0] for r in rows], np.int64)
         n_new = np.array([r.finish is None for r in rows], np.int64)
         logits = engine.forward(cache, tokens, n_new, allow_skip=True)
     t_end = time.perf_counter()
@@ -143,7 +148,7 @@ def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[in
     for b, g in enumerate(out):
         g.ffn_skip_ratio = ratio
         g.cached_tokens = int(start[b])
-        if prefix is not None:
+        if prefix is not None and g.error is None:
             prefix.save(cache, b, list(prompts[b]) + g.token_ids)
     return out
 
@@ -159,7 +164,20 @@ def new_row(tokenizer: Tokenizer, params: SamplingParams, room: int,
 
 def advance(row: Row, logits: np.ndarray, b: int,
             on_text: Callable[[int, str], None] | None) -> None:
-    """Sample the row's next token from ``logits`` [V] and run its stop checks."""
+    """Sample the row's next token from ``logits`` [V] and run its stop checks. Any failure
+    in that finishes this row only: ``finish`` ``"error"``, ``error`` the reason."""
+    try:
+        safe = _step(row, logits)
+    except Exception as e:  # one row's failure must not fail the rows beside it
+        row.finish, row.error = "error", f"{type(e).__name__}: {e}"
+        return
+    if on_text is not None and safe > row.emitted:
+        on_text(b, row.text[row.emitted:safe])
+        row.emitted = safe
+
+
+def _step(row: Row, logits: np.ndarray) -> int:
+    """Append one token to the row; returns how much of its text is safe to emit."""
     if row.constraint is None:
         tok = row.sampler.sample(logits)
     else:
@@ -175,9 +193,7 @@ def advance(row: Row, logits: np.ndarray, b: int,
         safe = len(row.text)
     else:  # hold back what could still become a stop string
         safe = len(row.text) - row.holdback
-    if on_text is not None and safe > row.emitted:
-        on_text(b, row.text[row.emitted:safe])
-        row.emitted = safe
+    return safe
 
 
 def row_result(row: Row, prompt_len: int, t0: float, t_first: float, t_end: float) -> Generation:
@@ -188,4 +204,4 @@ def row_result(row: Row, prompt_len: int, t0: float, t_first: float, t_end: floa
                       ttft_ms=(t_first - t0) * 1000.0,
                       decode_tok_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
                       mask_seconds=None if row.constraint is None
-                      else row.constraint.mask_seconds)
+                      else row.constraint.mask_seconds, error=row.error)

@@ -4,6 +4,8 @@ Two graph forms, told apart by the manifest's KV layout: the generic graph reads
 position-major cache and returns the new positions, which the engine appends; the fused
 graph (``GroupQueryAttention``) takes the head-major cache buffers whole, bound through
 IO binding as both its ``past`` inputs and its ``present`` outputs, and appends in place.
+Either way the manifest is checked against the graph's own declarations at load
+(``graph_check``): a manifest that disagrees is refused before any buffer is sized by it.
 
 CPU by default; the CUDA execution provider is selectable by options (``provider="cuda"``)
 but is not tested without a GPU.
@@ -18,11 +20,10 @@ import numpy as np
 import onnxruntime as ort
 
 from rung.engines.errors import EngineError
+from rung.engines.graph_check import check_manifest, session_signature
 from rung.engines.kv import KVCache
 from rung.engines.manifest import HEAD_MAJOR, Manifest
 
-ONNX_TYPE_NAMES = {"float32": "tensor(float)", "float16": "tensor(float16)",
-                   "float8_e4m3fn": "tensor(float8e4m3fn)"}
 FP8 = 17  # onnx.TensorProto.FLOAT8E4M3FN (onnx itself is not a serving dependency)
 PREPACKED_WEIGHTS = ("int8", "int4")   # weight precisions whose kernels need prepacking
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
@@ -85,22 +86,13 @@ class OnnxEngine:
         except Exception as e:  # onnxruntime raises its own untyped errors
             raise EngineError(f"{path}: ONNX Runtime cannot load the graph ({e})",
                               "re-export the engine") from e
+        check_manifest(manifest, session_signature(self.session, path), str(path))
         self.output_names = [o.name for o in manifest.outputs]
-        self._check_kv_dtype(path)
         gated = "ffn_skipped" in self.output_names
         # FFN skip counters: one-token decode steps run, and skips per layer among them
         self.ffn_steps = 0
         self.ffn_skips: np.ndarray | None = (
             np.zeros(self.dims.num_layers, np.int64) if gated else None)
-
-    def _check_kv_dtype(self, path: Path) -> None:
-        """Refuse a graph whose KV inputs are not what the manifest says the cache holds."""
-        want = ONNX_TYPE_NAMES.get(self.manifest.kv.dtype)
-        got = {i.name: i.type for i in self.session.get_inputs()}.get("past_key_0")
-        if want is None or got != want:
-            raise EngineError(
-                f"{path}: graph KV input is {got}, manifest says {self.manifest.kv.dtype}",
-                "the engine directory is inconsistent; re-export it")
 
     def new_cache(self, batch: int, max_seq: int | None = None) -> KVCache:
         """Preallocate KV buffers for ``batch`` sequences."""

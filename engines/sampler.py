@@ -5,6 +5,12 @@ row of logits into a token id (greedy, or temperature / top-k / top-p sampling f
 ``numpy.random.Generator``), optionally restricted by a boolean mask of allowed tokens for
 grammar-constrained decoding. ``StopChecker`` decides after each token whether generation
 ends with ``"stop"`` (eos id or stop string) or ``"length"`` (max_tokens).
+
+Sampling is total over every value ``SamplingParams`` accepts: the logits are shifted so the
+largest is 0 before the temperature divides them, so a temperature that underflows (5e-324)
+leaves only the largest logits (greedy, ties shared) and one that overflows the quotient
+(1e308) spreads the draw evenly over the allowed tokens; neither reaches a NaN or an empty
+candidate set.
 """
 
 from __future__ import annotations
@@ -76,23 +82,24 @@ class Sampler:
         """Return the next token id for a 1-D row of logits ``[V]``.
 
         ``allowed`` (boolean ``[V]``) removes every token it marks False before anything
-        else. Greedy (temperature 0) takes the first maximum; otherwise logits are divided
-        by the temperature, top-k filtered, softmaxed in float64, top-p filtered (smallest
-        set reaching ``top_p``, at least one token) and one token is drawn.
+        else. Greedy (temperature 0) takes the first maximum; otherwise logits are top-k
+        filtered, divided by the temperature and softmaxed in float64, top-p filtered
+        (smallest set reaching ``top_p``, at least one token) and one token is drawn. Where
+        the mask leaves tokens whose logits are all -inf, those tokens count as equal.
 
         Raises:
             GenerationError: logits not 1-D or containing NaN, a mask of the wrong shape, or
-                no token left to choose.
+                no token left to choose (every token masked out, or no mask and every logit
+                -inf).
         """
         x = self._prepare(logits, allowed)
         if self.params.temperature == 0.0:
             return int(np.argmax(x))
-        x = x / self.params.temperature
         if 0 < self.params.top_k < x.shape[0]:
             x = _top_k(x, self.params.top_k)
-        candidates, probs = _softmax_candidates(x)
+        candidates, probs = _softmax_candidates(x, self.params.temperature)
         if self.params.top_p < 1.0:
-            candidates, probs = _top_p(candidates, probs, self.params.top_p)
+            candidates, probs = _top_p(candidates, probs, x[candidates], self.params.top_p)
         return int(candidates[self._draw(probs)])
 
     def _prepare(self, logits: npt.NDArray[np.floating],
@@ -110,10 +117,15 @@ class Sampler:
             if mask.shape != x.shape:
                 raise GenerationError(f"allowed mask has shape {mask.shape}, logits {x.shape}",
                                       "build the mask over the full vocabulary")
+            if not mask.any():
+                raise GenerationError("no token is allowed: every logit is masked out",
+                                      "check the grammar/allowed-token mask for this step")
             x = np.where(mask, x, -np.inf)
+            if np.all(np.isneginf(x)):  # the grammar's choice stands: its tokens as equals
+                return np.where(mask, 0.0, -np.inf)
         if np.all(np.isneginf(x)):
-            raise GenerationError("no token is allowed: every logit is masked out or -inf",
-                                  "check the grammar/allowed-token mask for this step")
+            raise GenerationError("no token is allowed: every logit is -inf",
+                                  "the engine produced invalid output; check the engine")
         return x
 
     def _draw(self, probs: npt.NDArray[np.float64]) -> int:
@@ -129,31 +141,42 @@ def _top_k(x: npt.NDArray[np.float64], k: int) -> npt.NDArray[np.float64]:
     return np.where(x >= kth, x, -np.inf)
 
 
-def _softmax_candidates(
-        x: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
-    """Softmax with max subtraction; returns ids with non-zero probability and their probs."""
+def _softmax_candidates(x: npt.NDArray[np.float64], temperature: float
+                        ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+    """Softmax of ``x / temperature``; returns ids with non-zero probability and their probs.
+
+    ``x`` holds at least one value above -inf. The shift by the maximum comes before the
+    division, so the scaled logits lie in [-inf, 0] with the maxima at exactly 0: a quotient
+    that overflows goes to -inf (probability 0), one that underflows to 0 (probability 1),
+    never NaN. The halving keeps ``x - top`` finite for logits of any finite magnitude.
+    """
     top = x.max()
     if np.isposinf(top):  # +inf logits take all the mass, shared evenly
         candidates = np.flatnonzero(np.isposinf(x))
         return candidates, np.full(candidates.shape[0], 1.0 / candidates.shape[0])
-    p = np.exp(x - top)
+    with np.errstate(over="ignore", under="ignore"):
+        scaled = (0.5 * x - 0.5 * top) / temperature * 2.0   # [V] in [-inf, 0]
+        p = np.exp(scaled)
     candidates = np.flatnonzero(p > 0.0)
     probs = p[candidates]
     return candidates, probs / probs.sum()
 
 
 def _top_p(candidates: npt.NDArray[np.intp], probs: npt.NDArray[np.float64],
+           logits: npt.NDArray[np.float64],
            top_p: float) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
     """Keep the most probable candidates whose cumulative probability first reaches top_p.
 
-    Sorts only the most probable ``m`` candidates (found by partition), growing ``m`` until
-    they reach ``top_p``: the nucleus is usually small, the vocabulary is not.
+    Candidates are ranked by their ``logits`` (the order of ``probs``, without the ties a
+    huge temperature rounds them into). Sorts only the first ``m`` (found by partition),
+    growing ``m`` until they reach ``top_p``: the nucleus is usually small, the vocabulary
+    is not.
     """
     n = len(probs)
     m = min(n, _TOP_P_FIRST_WINDOW)
     while True:
-        top = np.argpartition(-probs, m - 1)[:m] if m < n else np.arange(n)
-        order = top[np.argsort(-probs[top])]
+        top = np.argpartition(-logits, m - 1)[:m] if m < n else np.arange(n)
+        order = top[np.argsort(-logits[top], kind="stable")]
         cumulative = np.cumsum(probs[order])
         keep = int(np.searchsorted(cumulative, top_p, side="left")) + 1
         if keep <= m or m == n:

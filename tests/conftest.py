@@ -60,3 +60,14 @@ def task_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     engine_dir = tmp_path_factory.mktemp("engine-tasks")
     export(hf, engine_dir, ExportOptions(kv="fp32", max_seq=1024))
     return engine_dir
+
+
+@pytest.fixture(scope="session")
+def edge_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped demo model (models/edge-tiny) exported as the daemon serves it."""
+    from rung.export.exporter import ExportOptions, export
+
+    out = tmp_path_factory.mktemp("edge-engine")
+    export(Path(__file__).resolve().parents[1] / "models" / "edge-tiny", out,
+           ExportOptions(ffn_skip="trained"))
+    return out

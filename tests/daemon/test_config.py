@@ -16,6 +16,7 @@ from rung.daemon.config import (
     apply_override,
     load_config,
     parse_config,
+    physical_memory_mb,
     redacted,
 )
 
@@ -113,7 +114,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("missing password_file", {"mqtt": {"password_file": "nope"}},
      "mqtt.password_file: cannot read"),
     ("password type hidden", {"mqtt": {"password": 12345678}},
-     "mqtt.password: expected a string, got a int"),
+     "mqtt.password: expected a string of at most 65535 bytes, got a int"),
     ("3.1.1 password without username", {"mqtt": {"protocol": "3.1.1", "password": SECRET}},
      "mqtt.password: MQTT 3.1.1 sends a password only with a username"),
     ("credential without systemd", {"mqtt": {"password_file": "credential:mqtt-password"}},
@@ -238,3 +239,96 @@ def test_engine_backend_and_provider(tmp_path: Path) -> None:
     assert (cfg.engine.backend, cfg.engine.provider) == ("onnx", "cuda")
     cfg = _parse({}, tmp_path, overrides=("engine.backend=trt",))
     assert cfg.engine.backend == "trt"
+
+
+# -- upper bounds and broker-safe strings -----------------------------------------------
+YEAR = 365 * 86400
+RAM_MB = physical_memory_mb()
+# (section, key, the largest accepted, the smallest refused, the message it gets)
+BOUNDS: list[tuple[str, str, float, float, str]] = [
+    ("engine", "max_batch", 64, 10**9, "expected an integer 1..64, got 1000000000"),
+    ("engine", "threads", 1024, 1025, "expected an integer 0..1024, got 1025"),
+    ("queue", "max_pending", 100_000, 100_001, "expected an integer 1..100000, got 100001"),
+    ("queue", "request_timeout_s", YEAR, YEAR + 1,
+     "expected a number > 0 and <= 31536000 (one year), got 31536001"),
+    ("queue", "request_timeout_s", YEAR, float("inf"), "expected a number > 0 and <= "),
+    ("kv", "ram_mb", RAM_MB, RAM_MB * 1.01,
+     f"expected a number >= 0 and <= {RAM_MB:.0f} (this machine's physical memory)"),
+    ("kv", "disk_mb", 1e7, 1e7 + 1, "expected a number >= 0 and <= 10000000 (10 TB)"),
+    ("journal", "retention_s", YEAR, 1e300, "expected a number > 0 and <= 31536000"),
+    ("modbus", "job_timeout_s", YEAR, YEAR * 2, "expected a number > 0 and <= 31536000"),
+    ("modbus", "reconnect_max_s", 86400, 86401,
+     "expected a number > 0 and <= 86400 (one day), got 86401"),
+    ("mqtt", "reconnect_max_s", 86400, float("inf"), "expected a number > 0 and <= 86400"),
+]
+
+
+@pytest.mark.parametrize(("section", "key", "top", "over", "message"), BOUNDS,
+                         ids=[f"{b[0]}.{b[1]}={b[3]:g}" for b in BOUNDS])
+def test_upper_bounds_name_the_key(tmp_path: Path, section: str, key: str, top: float,
+                                   over: float, message: str) -> None:
+    base = {"path": "e"} if section == "engine" else {}
+    cfg = _parse({section: {**base, key: top}}, tmp_path)
+    assert getattr(getattr(cfg, section), key) == top
+    with pytest.raises(ConfigError) as e:
+        _parse({section: {**base, key: over}}, tmp_path)
+    assert e.value.message.startswith(f"{section}.{key}: {message}"), e.value.message
+
+
+def test_absurd_batch_from_the_command_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^engine\.max_batch: expected an integer 1\.\.64, "
+                                          r"got 1000000000 \[--set\]"):
+        _parse({}, tmp_path, overrides=("engine.max_batch=1000000000",))
+
+
+BAD_TOPICS = [
+    ("a/\u0001/b", "contains a control character (U+0001)"),
+    ("rung\u007f", "contains a control character (U+007F)"),
+    ("rung/\u0085", "contains a control character (U+0085)"),
+    ("rung/\ufdd0", "contains a Unicode non-character (U+FDD0)"),
+    ("rung/\U0001fffe", "contains a Unicode non-character (U+1FFFE)"),
+    ("rung/\ud800", "contains a lone surrogate (U+D800)"),
+    ("$SYS/x", "starts with '$'"),
+    ("a//b", "has an empty level ('//')"),
+    ("/rung", "starts or ends with '/'"),
+    ("rung/", "starts or ends with '/'"),
+    ("rung/+/x", "contains a wildcard (+ or #)"),
+    ("", "is empty"),
+    ("r" * 65536, "is longer than 65535 bytes"),
+]
+
+
+@pytest.mark.parametrize(("topic", "why"), BAD_TOPICS, ids=[t[1] for t in BAD_TOPICS])
+def test_base_topic_follows_the_broker(tmp_path: Path, topic: str, why: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _parse({"mqtt": {"base_topic": topic}}, tmp_path)
+    assert e.value.message.startswith("mqtt.base_topic: expected a topic without wildcards")
+    assert f", which {why}" in e.value.message, e.value.message
+
+
+def test_base_topic_accepted(tmp_path: Path) -> None:
+    for topic in ("v1/acme/plant1/press-line/rung/node1", "Öl/Presse 3/rung", "a"):
+        assert _parse({"mqtt": {"base_topic": topic}}, tmp_path).mqtt.base_topic == topic
+
+
+@pytest.mark.parametrize("key", ["client_id", "username", "host"])
+@pytest.mark.parametrize(("value", "why"), [("node\u00011", "a control character (U+0001)"),
+                                            ("node\ufffe", "a Unicode non-character (U+FFFE)")])
+def test_mqtt_strings_follow_the_broker(tmp_path: Path, key: str, value: str,
+                                        why: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _parse({"mqtt": {key: value}}, tmp_path)
+    assert e.value.message.startswith(f"mqtt.{key}: expected a non-empty")
+    assert e.value.message.endswith(f", which contains {why}"), e.value.message
+
+
+def test_mqtt_string_lengths(tmp_path: Path) -> None:
+    assert _parse({"mqtt": {"client_id": "c" * 65535}}, tmp_path).mqtt.client_id == "c" * 65535
+    with pytest.raises(ConfigError, match=r"^mqtt\.client_id: .*, which is longer than 65535"):
+        _parse({"mqtt": {"client_id": "é" * 32768}}, tmp_path)
+    with pytest.raises(ConfigError, match=r"^mqtt\.host: .*, which is longer than 255 bytes"):
+        _parse({"mqtt": {"host": "h" * 256}}, tmp_path)
+    long_secret = SECRET * 6000
+    with pytest.raises(ConfigError) as e:
+        _parse({"mqtt": {"username": "u", "password": long_secret}}, tmp_path)
+    assert e.value.message == "mqtt.password: expected a string of at most 65535 bytes, got a str"

@@ -239,3 +239,129 @@ def test_directory_in_place_of_the_file_raises_journal_error(tmp_path: Path) -> 
     assert (tmp_path / "journal.db").is_dir()
     assert list(tmp_path.glob("journal.db.corrupt-*")) == []
 
+
+
+def test_started_counts_attempts_and_survives_a_restart(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "journal.db")
+    e = j.record(_msg())
+    assert e is not None
+    assert j.started(e.seq) == 1 and j.started(e.seq) == 2
+    j.close()
+    j = Journal(tmp_path / "journal.db")
+    [p] = j.pending()
+    assert p.attempts == 2
+    j.answer(e.seq, "r/1", b"quarantined", note="why")
+    assert j.started(e.seq) == 0          # only pending rows count
+    j.close()
+
+
+def test_dead_letter_leaves_the_outbox_and_is_kept(journal: Journal) -> None:
+    a, b = journal.record(_msg(b'{"n": 1}')), journal.record(_msg(b'{"n": 2}'))
+    assert a is not None and b is not None
+    journal.answer(a.seq, "bad\x01topic", b"x")
+    journal.answer(b.seq, "good/topic", b"y")
+    journal.dead(a.seq, "the broker refused it 3 times")
+    assert [u.seq for u in journal.undelivered()] == [b.seq]
+    assert journal.dead_letters() == [(a.seq, "bad\x01topic", "the broker refused it 3 times")]
+    assert journal.counts() == {"dead": 1, "answered": 1}
+    assert journal.prune(now=time.time() + journal.retention_s + 1) == 1
+
+
+def test_an_older_journal_gains_the_new_columns(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    db = sqlite3.connect(path)
+    db.executescript("""CREATE TABLE entries (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        key TEXT UNIQUE, received REAL NOT NULL, expires REAL, topic TEXT NOT NULL,
+        payload BLOB NOT NULL, response_topic TEXT, correlation BLOB, state TEXT NOT NULL,
+        reply_topic TEXT, response BLOB, updated REAL NOT NULL);
+        INSERT INTO entries (key, received, topic, payload, state, updated)
+        VALUES ('k', 1.0, 't/req/x', X'7B7D', 'pending', 1.0);""")
+    db.close()
+    j = Journal(path)
+    [p] = j.pending()
+    assert p.attempts == 0 and j.started(p.seq) == 1
+    j.close()
+
+
+_WRITER = """
+import os, sys, sqlite3
+from pathlib import Path
+from rung.daemon.journal import Incoming, Journal
+path, n, raw = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "raw"
+if raw:   # plain SQLite without rung's checkpoints: committed rows live only in the WAL
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL"); db.execute("PRAGMA wal_autocheckpoint=0")
+    db.execute("CREATE TABLE IF NOT EXISTS t (x BLOB)")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    for i in range(n):
+        db.execute("INSERT INTO t VALUES (?)", (os.urandom(3000),))
+else:
+    j = Journal(path)
+    for i in range(n):
+        j.record(Incoming("b/req/st_code", b'{"input": {}, "id": "%d"}' % i))
+print("recorded", flush=True)
+os._exit(0)   # like SIGKILL: no close, no final checkpoint
+"""
+
+
+def _write_and_die(path: Path, n: int, raw: bool = False) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _WRITER, str(path), str(n),
+                          "raw" if raw else "journal"], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert "recorded" in out.stdout
+
+
+@pytest.mark.parametrize("keep", [0, 32, 1000])
+def test_acknowledged_rows_survive_a_wal_cut_short_after_a_crash(tmp_path: Path,
+                                                                 keep: int) -> None:
+    path = tmp_path / "journal.db"
+    _write_and_die(path, 20)
+    wal_file = Path(f"{path}-wal")
+    if wal_file.exists():
+        wal_file.write_bytes(wal_file.read_bytes()[:keep])
+    j = Journal(path)
+    assert len(j.pending()) == 20       # every row that record() returned for is kept
+    j.close()
+    # the hazard the checkpoints remove: plain WAL mode loses committed rows this way
+    raw = tmp_path / "raw.db"
+    _write_and_die(raw, 20, raw=True)
+    raw_wal = Path(f"{raw}-wal")
+    raw_wal.write_bytes(raw_wal.read_bytes()[:keep])
+    db = sqlite3.connect(raw)
+    assert db.execute("SELECT COUNT(*) FROM t").fetchone()[0] < 20
+    db.close()
+
+
+def test_a_torn_wal_is_reported_and_kept_aside(tmp_path: Path) -> None:
+    from rung.daemon import wal
+
+    path = tmp_path / "journal.db"
+    _write_and_die(path, 5, raw=True)
+    wal_file = Path(f"{path}-wal")
+    state = wal.inspect(wal_file)
+    assert state.problem is None and state.committed_frames >= 5
+    data = wal_file.read_bytes()
+    wal_file.write_bytes(data[:-100])    # the last frame cut short
+    torn = wal.inspect(wal_file)
+    assert torn.problem is not None and "cut short" in torn.problem
+    assert 0 < torn.committed_frames < state.committed_frames and torn.dropped_bytes > 0
+    j = Journal(path)
+    assert j.wal_damage is not None and "cut short" in j.wal_damage
+    assert list(tmp_path.glob("journal.db-wal.damaged-*"))
+    j.close()
+    # a flipped byte inside the last frame: a torn write
+    _write_and_die(tmp_path / "b.db", 3, raw=True)
+    b_wal = tmp_path / "b.db-wal"
+    raw = bytearray(b_wal.read_bytes())
+    raw[-10] ^= 0xFF
+    b_wal.write_bytes(bytes(raw))
+    assert "wrong checksum" in (wal.inspect(b_wal).problem or "")
+    # a clean WAL, an empty one and none at all are not damage
+    assert wal.inspect(tmp_path / "none-wal").problem is None
+    (tmp_path / "empty-wal").write_bytes(b"")
+    assert wal.inspect(tmp_path / "empty-wal").problem is None
+    (tmp_path / "short-wal").write_bytes(b"\x37\x7f\x06")
+    assert "cut short" in (wal.inspect(tmp_path / "short-wal").problem or "")

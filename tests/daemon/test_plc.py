@@ -15,7 +15,6 @@ import yaml
 from rung.daemon.plcsim import SimPlcThread
 from rung.daemon.tasks import load_tasks
 from tests.daemon.harness import BASE, Broker, Daemon, Requester, write_config
-from tests.daemon.test_serve import edge_engine  # noqa: F401  (the module fixture)
 
 pytestmark = pytest.mark.integration
 REQ, REQ_SEQ, ACK_SEQ, BUSY, DONE, ERR, RESULT, HEARTBEAT = 100, 101, 110, 111, 112, 113, 114, 115

@@ -194,14 +194,48 @@ def test_ok_response_shape() -> None:
 
 
 def test_responses_survive_lone_surrogates() -> None:
-    got = _parse(_entry(b'{"input": {}, "id": "a\\ud800"}'))
-    assert isinstance(got, Request) and got.reply.id == "a\ud800"
-    for raw in (error_response(got.reply, "st_code", "internal", "m"),
-                ok_response(got.reply, "st_code", "\udfff", None, {})):
+    reply = Address("t", None, "a\ud800")
+    for raw in (error_response(reply, "st_code", "internal", "m"),
+                ok_response(reply, "st_code", "\udfff", None, {})):
         raw.decode("utf-8")                               # valid UTF-8 on the wire
         assert json.loads(raw)["id"] == "a\ud800"
-    assert json.loads(ok_response(got.reply, "st_code", "\udfff", None, {}))["output"] == (
+    assert json.loads(ok_response(reply, "st_code", "\udfff", None, {}))["output"] == (
         "\udfff")
+
+
+@pytest.mark.parametrize(("payload", "field"), [
+    (b'{"input": {}, "id": "a\\ud800"}', "'id' contains a lone surrogate"),
+    (b'{"input": {}, "session": "s\\udfff"}', "'session' contains a lone surrogate"),
+    (b'{"input": {"description": "Motor \\ud800 start"}}', "'input.description' holds a "
+     "lone surrogate"),
+    (b'{"input": {"points": [{"name": "a"}, {"name": "\\udc00"}]}}',
+     "'input.points[1].name' holds"),
+    (b'{"input": {"k\\ud800": 1}}', "holds a lone surrogate"),
+    (b'{"input": {}, "id": "a\\u0001b"}', "'id' contains a control character (U+0001)"),
+    (b'{"input": {}, "id": "a\\u009fb"}', "'id' contains a control character (U+009F)"),
+    (b'{"input": {}, "session": "\\ufdd0"}', "'session' contains a Unicode non-character"),
+    (b'{"input": {}, "reply_to": "app/res/a\\u0001b"}', "'reply_to' contains a control"),
+    (b'{"input": {}, "reply_to": "app/\\uffffx"}', "'reply_to' contains a Unicode non"),
+    (b'{"input": {}, "reply_to": "$SYS/x"}', "'reply_to' starts with '$'"),
+    (b'{"input": {}, "reply_to": ""}', "'reply_to' is empty"),
+    (b'{"input": {}, "client": "a\\u007fb"}', "'client' contains a control character"),
+    (b'{"input": {}, "client": "a/b"}', "'client' contains '/'"),
+])
+def test_strings_the_broker_or_tokenizer_refuse_are_bad_requests(payload: bytes,
+                                                                 field: str) -> None:
+    got = _parse(_entry(payload))
+    assert isinstance(got, Failure) and got.code == "bad_request", got
+    assert field in got.message
+    # the error still reaches someone, on a topic the broker takes
+    assert got.reply.topic == "v1/site/rung/node1/res/rung-node1"
+    assert got.reply.id is None or got.reply.id.isprintable()
+    error_response(got.reply, got.task, got.code, got.message).decode("utf-8")
+
+
+def test_text_with_newlines_and_umlauts_is_fine() -> None:
+    got = _parse(_entry('{"input": {"description": "Zeile 1\\nZeile 2\\tgeöffnet"}, '
+                        '"id": "Ölpumpe-1"}'.encode()))
+    assert isinstance(got, Request) and got.reply.id == "Ölpumpe-1"
 
 
 def test_claimed_id() -> None:

@@ -263,3 +263,74 @@ def test_liveness_reports_a_stuck_generation() -> None:
         assert s.liveness() is None and s.inflight == 0 and s.busy_since is None
         await s.stop(1.0)
     _run(body)
+
+
+class ExplodingRunner(FakeRunner):
+    """``{"explode": "prepare"}`` raises in prepare (like a tokenizer refusing a string),
+    ``{"explode": "add"}`` makes its decoder raise in ``add``."""
+
+    def prepare(self, name: str, data: Any, params: SamplingParams,
+                max_tokens: int | None = None) -> Prepared | TaskResult:
+        if data.get("explode") == "prepare":
+            raise TypeError("TextInputSequence must be str")
+        p = super().prepare(name, data, params, max_tokens)
+        if isinstance(p, Prepared) and data.get("explode") == "add":
+            p.ids = [9]
+        return p
+
+    def decoder(self, rows: int) -> FakeDecoder:
+        return ExplodingDecoder(self, rows)
+
+
+class ExplodingDecoder(FakeDecoder):
+    def add(self, tag: Hashable, prompt: Sequence[int], params: SamplingParams,
+            constraint: Any = None) -> int:
+        if list(prompt) == [9]:
+            raise ValueError("row state")
+        return super().add(tag, prompt, params, constraint)
+
+
+def test_one_requests_failure_before_generation_answers_it_alone() -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+        runner = ExplodingRunner()
+        started: list[int] = []
+        s = _sched(runner, answers, max_pending=10, max_batch=2,
+                   on_start=lambda r: started.append(r.seq))
+        s.submit(_req(1, {"explode": "prepare"}))
+        s.submit(_req(2))
+        s.submit(_req(3, {"explode": "add"}))
+        s.submit(_req(4))
+        task = s.start()
+        await _until(lambda: len(answers) == 4)
+        by_seq = {a.request.seq: a for a in answers}
+        assert (by_seq[1].ok, by_seq[1].code) == (False, "internal")
+        assert "TypeError: TextInputSequence must be str" in by_seq[1].message
+        assert (by_seq[3].ok, by_seq[3].code) == (False, "internal")
+        assert "ValueError" in by_seq[3].message
+        assert by_seq[2].ok and by_seq[4].ok
+        assert sorted(started) == [1, 2, 3, 4]      # counted before the model starts
+        assert not task.done() and s.liveness() is None
+        s.submit(_req(5))
+        await _until(lambda: len(answers) == 5)
+        assert answers[-1].ok
+        await s.stop(1.0)
+    _run(body)
+
+
+def test_a_dead_loop_is_reported_by_liveness() -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+        runner = FakeRunner()
+        s = _sched(runner, answers, max_pending=10)
+
+        def broken() -> None:
+            raise MemoryError("no room for a batch")
+
+        s._admit = broken   # type: ignore[method-assign]
+        task = s.start()
+        s.submit(_req(1))
+        await _until(task.done)
+        assert s.liveness() == "the scheduler loop has stopped"
+        assert await s.stop(1.0) == 1    # stop still works, the request stays queued
+    _run(body)

@@ -43,16 +43,6 @@ DIAG_INPUT = {"asset": "Closed cooling loop 10 with dry cooler",
 SHORT = {"input": ST_INPUT, "max_tokens": 3}   # answered quickly: "truncated"
 
 
-@pytest.fixture(scope="module")
-def edge_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rung.export.exporter import ExportOptions, export
-
-    out = tmp_path_factory.mktemp("edge-engine")
-    export(Path(__file__).resolve().parents[2] / "models" / "edge-tiny", out,
-           ExportOptions(ffn_skip="trained"))
-    return out
-
-
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Broker]:
     b = Broker(tmp_path / "broker")
@@ -264,15 +254,18 @@ def test_message_expiry_is_honoured(served: tuple[Broker, Daemon]) -> None:
     broker, _ = served
     req = Requester(broker.port, v5=True)
     try:
-        for i in range(3):  # about a second of work each, ahead of the expiring one
+        blocks = 6   # ~0.3 s of work each here (the prefix cache serves the prompt head)
+        for i in range(blocks):
             req.send("st_code", {"input": ST_INPUT}, correlation=f"block-{i}",
                      response_topic=req.reply_topic)
         req.send("st_code", SHORT, correlation="late", response_topic=req.reply_topic,
                  expiry=1)
-        replies = by_id(req.wait(4, 120))
+        replies = by_id(req.wait(blocks + 1, 120))
     finally:
         req.close()
-    assert replies["late"][0].body["error"]["code"] == "expired"
+    assert replies["late"][0].body["error"]["code"] == "expired", replies["late"][0].body
+    last_block = replies[f"block-{blocks - 1}"][0].body["usage"]["total_ms"]
+    assert last_block > 1000, "the blocking work must outlast the expiry for this test"
 
 
 def test_duplicates_are_answered_once_even_after_restart(served: tuple[Broker, Daemon]) -> None:

@@ -3,14 +3,18 @@ the tokens they give alone."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Hashable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rung.engines import Engine, load_engine
 from rung.engines.batch import BatchDecoder
 from rung.engines.errors import GenerationError
-from rung.engines.generate import generate
+from rung.engines.generate import Generation, generate
+from rung.engines.grammar import Constraint, GrammarCompiler
 from rung.engines.sampler import SamplingParams
 from rung.engines.tokenizer import Tokenizer
 
@@ -77,3 +81,78 @@ def test_refusals(loaded: tuple[Engine, Tokenizer]) -> None:
     dec.add(0, tok.encode("x"), SamplingParams(max_tokens=2))
     with pytest.raises(GenerationError, match="no free row"):
         dec.add(1, tok.encode("y"), SamplingParams())
+
+
+SCHEMA = {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}
+
+
+def _constraint(engines: dict[str, Path], engine: Engine, tok: Tokenizer) -> Constraint:
+    compiler = GrammarCompiler(engines["llama"] / "tokenizer.json", tok.eos_token_ids,
+                               engine.manifest.dims.vocab_size)
+    return compiler.constraint(compiler.compile(SCHEMA))
+
+
+def _drain(dec: BatchDecoder) -> dict[Hashable, Generation]:
+    got: dict[Hashable, Generation] = {}
+    while dec.active:
+        got.update(dec.run())
+    return got
+
+
+def test_extreme_sampling_row_beside_normal_rows(loaded: tuple[Engine, Tokenizer],
+                                                 engines: dict[str, Path]) -> None:
+    """A denormal temperature decodes as greedy, a maximal one as uniform, with or without a
+    grammar mask, and the rows beside them give what they give alone."""
+    engine, tok = loaded
+    prompts = [tok.encode(t) for t in TEXTS[:4]]
+    params = [SamplingParams(max_tokens=14, temperature=5e-324, seed=0),
+              SamplingParams(max_tokens=14, temperature=0.8, seed=1),
+              SamplingParams(max_tokens=14, temperature=sys.float_info.max, top_k=10**9,
+                             seed=2),
+              SamplingParams(max_tokens=14, temperature=5e-324, top_p=1e-300, seed=3)]
+    greedy = SamplingParams(max_tokens=14)
+    expected = [generate(engine, tok, [prompts[0]], greedy)[0].token_ids,
+                generate(engine, tok, [prompts[1]], params[1])[0].token_ids,
+                generate(engine, tok, [prompts[2]], params[2])[0].token_ids,
+                generate(engine, tok, [prompts[3]], greedy,
+                         constraints=[_constraint(engines, engine, tok)])[0].token_ids]
+    dec = BatchDecoder(engine, tok, rows=4)
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        dec.add(i, prompt, p, _constraint(engines, engine, tok) if i == 3 else None)
+    got = _drain(dec)
+    assert set(got) == {0, 1, 2, 3}
+    assert all(g.finish_reason in ("stop", "length") and g.error is None
+               for g in got.values()), {tag: g.error for tag, g in got.items()}
+    assert {tag: g.token_ids for tag, g in got.items()} == dict(enumerate(expected))
+    assert len(set(got[2].token_ids)) > 4          # uniform over the vocabulary, not greedy
+
+
+def test_a_failing_row_fails_alone(loaded: tuple[Engine, Tokenizer],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a row's token step raises, that row leaves with finish_reason "error" and
+    the reason; the others decode on as if alone."""
+    engine, tok = loaded
+    prompts = [tok.encode(t) for t in TEXTS[:3]]
+    params = [SamplingParams(max_tokens=10 + i, temperature=0.7 * i, seed=i) for i in range(3)]
+    alone = [generate(engine, tok, [p], pr)[0].token_ids
+             for p, pr in zip(prompts, params, strict=True)]
+    dec = BatchDecoder(engine, tok, rows=3)
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        dec.add(i, prompt, p)
+    calls = []
+
+    def broken(logits: np.ndarray, allowed: np.ndarray | None = None) -> int:
+        calls.append(1)
+        if len(calls) > 2:
+            raise IndexError("index -1 is out of bounds for axis 0 with size 0")
+        return 5
+
+    seq = dec.seqs[1]
+    assert seq is not None
+    monkeypatch.setattr(seq.row.sampler, "sample", broken)
+    got = _drain(dec)
+    assert got[1].finish_reason == "error" and got[1].token_ids == [5, 5]
+    assert got[1].error == "IndexError: index -1 is out of bounds for axis 0 with size 0"
+    assert [got[0].token_ids, got[2].token_ids] == [alone[0], alone[2]]
+    assert got[0].error is None and got[2].error is None
+    assert dec.free == 3 and not dec.cache.lengths.any()

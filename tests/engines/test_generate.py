@@ -85,3 +85,26 @@ def test_prompt_too_long_or_empty(loaded: tuple[Engine, Tokenizer]) -> None:
         generate(engine, tok, [[5] * engine.manifest.dims.max_seq], SamplingParams())
     with pytest.raises(GenerationError, match="empty prompt"):
         generate(engine, tok, [[]], SamplingParams())
+
+
+def test_a_failing_row_fails_alone(loaded: tuple[Engine, Tokenizer]) -> None:
+    """A row whose grammar leaves no token finishes with "error"; its neighbour does not."""
+    import numpy as np
+
+    from rung.engines.grammar import Constraint
+
+    class NoToken(Constraint):
+        def __init__(self) -> None:
+            self.mask_seconds = []
+
+        def allowed(self) -> np.ndarray:
+            return np.zeros(engine.manifest.dims.vocab_size, dtype=bool)
+
+    engine, tok = loaded
+    prompts = [tok.encode("The pump is running."), tok.encode("Valve")]
+    params = SamplingParams(max_tokens=8, temperature=0.5, seed=3)
+    (alone,) = generate(engine, tok, [prompts[1]], params)
+    failed, ok = generate(engine, tok, prompts, params, constraints=[NoToken(), None])
+    assert failed.finish_reason == "error" and failed.token_ids == []
+    assert failed.error is not None and "no token is allowed" in failed.error
+    assert ok.error is None and ok.token_ids == alone.token_ids

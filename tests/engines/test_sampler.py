@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from rung.engines import load_engine
 from rung.engines.errors import GenerationError
+from rung.engines.grammar import GrammarCompiler
 from rung.engines.sampler import Sampler, SamplingParams, StopChecker
 
 V = 64
@@ -128,8 +132,23 @@ def test_single_allowed_token_even_at_minus_inf_elsewhere() -> None:
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_all_masked_raises(temperature: float) -> None:
     sampler = Sampler(SamplingParams(temperature=temperature))
-    with pytest.raises(GenerationError, match="no token is allowed"):
+    with pytest.raises(GenerationError, match="no token is allowed: every logit is masked"):
         sampler.sample(_logits(), np.zeros(V, dtype=bool))
+    with pytest.raises(GenerationError, match="no token is allowed: every logit is -inf"):
+        sampler.sample(np.full(V, -np.inf))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_allowed_tokens_all_at_minus_inf_count_as_equal(temperature: float) -> None:
+    logits = _logits(4)
+    logits[[3, 7]] = -np.inf
+    allowed = np.zeros(V, dtype=bool)
+    allowed[[3, 7]] = True
+    draws = _draws(SamplingParams(temperature=temperature, seed=0), logits, 200)
+    assert not {3, 7} & set(draws)                     # unmasked: never an -inf token
+    sampler = Sampler(SamplingParams(temperature=temperature, seed=0))
+    masked = {sampler.sample(logits, allowed) for _ in range(200)}
+    assert masked == ({3} if temperature == 0.0 else {3, 7})
 
 
 def test_bad_inputs_raise() -> None:
@@ -140,6 +159,111 @@ def test_bad_inputs_raise() -> None:
         sampler.sample(np.full(V, np.nan))
     with pytest.raises(GenerationError, match="mask"):
         sampler.sample(_logits(), np.ones(V - 1, dtype=bool))
+
+
+# -- extreme values: sampling is total ---------------------------------------------------
+# every value SamplingParams accepts, at and near its edges
+TEMPERATURES = [0.0, 5e-324, 1e-320, 1e-300, 1e-12, 0.7, 1e12, 1e300, 1e308,
+                sys.float_info.max]
+TOP_PS = [1e-300, 5e-324, 1e-9, 0.5, 1.0 - 1e-16, 1.0]
+TOP_KS = [0, 1, 2, 299, 10**9]
+ROWS = ["real", "all negative", "huge", "float32 extremes", "with -inf", "one finite",
+        "+inf"]
+MASKS = [None, "grammar", "one token", "two tokens", "all but -inf"]
+
+
+@pytest.fixture(scope="module")
+def real(engines: dict[str, Path]) -> dict[str, np.ndarray]:
+    """Rows of a real engine's logits [V] (and the same pushed to extremes), and real
+    grammar masks over its vocabulary."""
+    engine = load_engine(engines["llama"])
+    ids = np.arange(5, 21, dtype=np.int64)[None]
+    logits = engine.forward(engine.new_cache(1), ids, np.array([16]),
+                            np.arange(16, dtype=np.int64)[None])[0]          # [16, V]
+    row = logits[5].astype(np.float64)
+    vocab = row.shape[0]
+    with_inf = row.copy()
+    with_inf[::3] = -np.inf
+    one = np.full(vocab, -np.inf)
+    one[int(np.argmin(row))] = -1e300
+    plus_inf = row.copy()
+    plus_inf[[4, 9]] = np.inf
+    rows = {"real": row, "all negative": row - row.max() - 40.0,   # the old IndexError
+            "huge": row / np.abs(row).max() * 1e308,
+            "float32 extremes": np.where(row > np.median(row), 3.4e38, -3.4e38),
+            "with -inf": with_inf, "one finite": one, "+inf": plus_inf}
+    compiler = GrammarCompiler(engines["llama"] / "tokenizer.json",
+                               engine.manifest.tokenizer.eos_token_ids, vocab)
+    grammar = compiler.constraint(compiler.compile(
+        {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}))
+    grammar.allowed()
+    grammar.consume(int(np.flatnonzero(grammar.allowed())[0]))   # inside the object
+    masks: dict[str, np.ndarray | None] = {"grammar": grammar.allowed(), None: None}
+    for name, ids_ in (("one token", [int(np.argmin(row))]), ("two tokens", [0, 6])):
+        m = np.zeros(vocab, dtype=bool)
+        m[ids_] = True
+        masks[name] = m
+    masks["all but -inf"] = ~np.isneginf(with_inf)
+    return {**{f"row:{k}": v for k, v in rows.items()},
+            **{f"mask:{k}": v for k, v in masks.items() if v is not None}}
+
+
+def _greedy_set(x: np.ndarray) -> set[int]:
+    return set(np.flatnonzero(x == x.max()).tolist())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mask_name", MASKS)
+@pytest.mark.parametrize("row_name", ROWS)
+def test_every_accepted_value_samples(real: dict[str, np.ndarray], row_name: str,
+                                      mask_name: str | None) -> None:
+    logits = real[f"row:{row_name}"]
+    mask = None if mask_name is None else real[f"mask:{mask_name}"]
+    allowed = np.ones(logits.shape[0], bool) if mask is None else mask
+    x = np.where(allowed, logits, -np.inf)
+    if np.isneginf(x).all():              # the mask's tokens count as equal
+        x = np.where(allowed, 0.0, -np.inf)
+    reachable = ~np.isneginf(x)
+    best = _greedy_set(x)
+    for t, top_p, top_k in itertools.product(TEMPERATURES, TOP_PS, TOP_KS):
+        sampler = Sampler(SamplingParams(temperature=t, top_p=top_p, top_k=top_k, seed=1))
+        for _ in range(4):
+            tok = sampler.sample(logits.astype(np.float32) if row_name == "real" else logits,
+                                 mask)
+            where = f"T={t!r} top_p={top_p!r} top_k={top_k} -> {tok}"
+            assert 0 <= tok < logits.shape[0] and allowed[tok] and reachable[tok], where
+            if t <= 1e-300 or top_k == 1 or top_p <= 1e-300:
+                assert tok in best, where   # the quotient underflows: greedy
+
+
+def test_denormal_temperature_on_negative_logits_is_greedy() -> None:
+    logits = np.array([-3.0, -1.5, -2.0, -1.5000001], dtype=np.float32)
+    for t in (5e-324, 1e-300, sys.float_info.min):
+        assert _draws(SamplingParams(temperature=t, seed=0), logits, 20) == [1] * 20
+
+
+@pytest.mark.parametrize("temperature", [1e308, sys.float_info.max])
+def test_huge_temperature_is_uniform_over_allowed(temperature: float) -> None:
+    logits = _logits(5) * 1e30
+    logits[::2] = -np.inf
+    allowed = np.zeros(V, dtype=bool)
+    allowed[[1, 3, 5, 8, 10]] = True                 # 8 and 10 are masked by -inf
+    sampler = Sampler(SamplingParams(temperature=temperature, seed=0))
+    draws = [sampler.sample(logits, allowed) for _ in range(3000)]
+    freq = np.bincount(draws, minlength=V)[[1, 3, 5]] / len(draws)
+    assert set(draws) == {1, 3, 5} and np.allclose(freq, 1 / 3, atol=0.04)
+    spread = {sampler.sample(logits) for _ in range(3000)}
+    assert spread == set(range(1, V, 2))             # every finite logit, no -inf one
+
+
+def test_huge_logits_keep_their_order() -> None:
+    logits = np.array([-1.7e308, 1.7e308, 1.6e308, -np.inf])
+    for t in (1.0, 1e300, 1e308):
+        draws = _draws(SamplingParams(temperature=t, seed=0), logits, 400)
+        assert 1 in draws and 3 not in draws
+    # temperature 1e308: (1.7e308 - -1.7e308) / 1e308 = 3.4 apart, both still drawn
+    draws = _draws(SamplingParams(temperature=1e308, seed=0), logits, 2000)
+    assert 0 in draws and 2 in draws and draws.count(1) > draws.count(0)
 
 
 # -- StopChecker -------------------------------------------------------------------------
