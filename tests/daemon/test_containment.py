@@ -333,3 +333,39 @@ def test_a_denormal_temperature_fails_nobody_in_its_batch(
         assert d.terminate() == 0
     finally:
         req.close()
+
+
+def test_a_dead_engine_loop_is_never_silent(tmp_path: Path, broker: Broker, edge_engine: Path,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    """In process, with a bug planted in the engine loop itself: the daemon says so
+    (critical log, liveness, ``rung_up`` 0) and exits 70 for systemd to restart it; the
+    request it held stays pending in the journal."""
+    import asyncio
+
+    from rung.daemon.config import load_config
+    from rung.daemon.serve import Service, build_runner
+
+    cfg = load_config(write_config(tmp_path, edge_engine, broker.port), [])
+    service = Service(cfg, build_runner(cfg))
+
+    def broken() -> None:
+        raise MemoryError("a bug in the loop itself")
+
+    service.scheduler._admit = broken   # type: ignore[method-assign]
+
+    async def main() -> tuple[int, str | None]:
+        run = asyncio.ensure_future(service.run())
+        while not service.link.connected:
+            await asyncio.sleep(0.01)
+        service._on_message(Incoming(f"{BASE}/req/st_code", json.dumps(SHORT).encode()))
+        code = await asyncio.wait_for(run, 60)
+        return code, service.liveness()
+
+    code, why = asyncio.run(main())
+    assert code == 70 and why == "the scheduler loop has stopped"
+    assert service.metrics.up._value.get() == 0
+    assert any(r.levelname == "CRITICAL" and "scheduler loop has stopped" in r.getMessage()
+               for r in caplog.records)
+    j = Journal(tmp_path / "state" / "journal.db")
+    assert len(j.pending()) == 1
+    j.close()
