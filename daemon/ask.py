@@ -19,7 +19,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from rung.daemon.config import MQTTConfig
-from rung.daemon.mqtt import connect_args
+from rung.daemon.mqtt import connect_args, no_delay
 from rung.engines.errors import RungError
 
 
@@ -52,6 +52,7 @@ async def ask(cfg: MQTTConfig, task: str, data: dict[str, Any], timeout_s: float
                             timeout=min(10.0, timeout_s))
     try:
         async with client:
+            no_delay(client)
             await client.subscribe(reply_topic, qos=1)
             await client.publish(f"{cfg.base_topic}/req/{task}", json.dumps(body), qos=1,
                                  properties=props)

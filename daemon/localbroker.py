@@ -48,7 +48,8 @@ class LocalBroker:
                 if password_file is not None else ["allow_anonymous true"])
         lines = [f"listener {self.port} 127.0.0.1", *listener_options, *auth,
                  "persistence true", f"persistence_location {self.root}/",
-                 "max_queued_messages 5000", f"log_dest file {self.root}/mosquitto.log",
+                 "max_queued_messages 5000", "set_tcp_nodelay true",
+                 f"log_dest file {self.root}/mosquitto.log",
                  "log_type error", "log_type warning", "log_type notice"]
         if os.geteuid() == 0:   # else mosquitto drops to its own user and cannot write here
             lines.append("user root")

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -40,12 +41,22 @@ OnMessage = Callable[[Incoming], bool]   # True: recorded (acknowledge), False: 
 
 def _paho(client: aiomqtt.Client) -> paho_mqtt.Client:
     """The paho client inside an aiomqtt client: the one place rung touches a private
-    attribute (tests/daemon/test_mqtt.py checks it against the pinned versions)."""
+    attribute (tests/daemon/test_serve.py would fail at once without it: no request would
+    ever be acknowledged)."""
     inner = getattr(client, "_client", None)
     if not isinstance(inner, paho_mqtt.Client):
         raise RuntimeError("aiomqtt no longer exposes its paho client as _client: manual "
                            "QoS 1 acknowledgement is unavailable (check the pinned versions)")
     return inner
+
+
+def no_delay(client: aiomqtt.Client) -> None:
+    """Nagle's algorithm off on the connection (plain or TLS): paho leaves it on, and an
+    answer would wait ~40 ms in the send buffer for the broker's delayed ACK."""
+    sock = _paho(client).socket()
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def connect_args(cfg: MQTTConfig) -> dict[str, Any]:
@@ -149,6 +160,7 @@ class MQTTLink:
             delay = min(delay * 2, self.cfg.reconnect_max_s)
 
     async def _serve(self, client: aiomqtt.Client) -> None:
+        no_delay(client)
         await client.publish(self.status_topic, json.dumps(self.birth()), qos=1, retain=True)
         # v5: no retained requests replayed at subscribe (each reconnect would re-run them)
         options = (SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)

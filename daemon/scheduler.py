@@ -13,6 +13,7 @@ validation) is that request's answer (``internal`` at worst), never the loop's e
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import threading
@@ -113,17 +114,25 @@ class Scheduler:
         return True
 
     def start(self) -> asyncio.Task[None]:
+        """Start the engine loop. What is loaded by now (engine, tokenizer, grammars,
+        modules) lives as long as the process: it is moved out of the cyclic garbage
+        collector's sight, so a full collection triggered by the engine thread's
+        allocations (a fault tree's BDD) is short instead of a ~50 ms stop of both
+        threads (tests/daemon/test_responsiveness.py)."""
+        gc.collect()
+        gc.freeze()
         self._task = asyncio.get_running_loop().create_task(self.run(), name="scheduler")
         return self._task
 
     async def run(self) -> None:
-        """The engine loop: admit into free rows -> steps in the engine thread until a
-        sequence finishes or a request waits for a free row -> answer the finished."""
+        """The engine loop, one screen: take what fits (deadline checked, the start
+        recorded) -> one cycle in the engine thread (prepare and join, steps until a
+        sequence finishes or a request waits for a row, validate) -> answer. The event
+        loop only moves requests and answers; every CPU-heavy part runs in the thread."""
         loop = asyncio.get_running_loop()
         while not (self._stopping and not self._inflight):
-            if not self._stopping:
-                self._admit()
-            if not self._inflight:
+            joining = [] if self._stopping else self._take()
+            if not self._inflight and not joining:
                 self._wake.clear()
                 if not self.queue:
                     await self._wake.wait()
@@ -131,20 +140,17 @@ class Scheduler:
             self._arrived.clear()
             self.busy_since = time.monotonic()
             try:
-                done = await loop.run_in_executor(self._pool, self.decoder.run, self._arrived)
-            except Exception as e:  # an engine failure answers the batch, the loop goes on
-                log.exception("generation failed")
-                self._fail_inflight(f"{type(e).__name__}: {e}")
-                continue
+                results = await loop.run_in_executor(self._pool, self._cycle, joining)
             finally:
                 self.busy_since = None
-            for tag, gen in done:
-                req, prepared = self._inflight.pop(tag)
-                self._reply(req, self.runner.finish(prepared, gen))
+            for req, res in results:
+                self._reply(req, res)
 
-    def _admit(self) -> None:
+    def _take(self) -> list[Request]:
+        """Requests for the free rows, oldest first; the expired ones answered here."""
         now = time.time()
-        while self.queue and self.decoder.free:
+        joining: list[Request] = []
+        while self.queue and len(joining) < self.decoder.free:
             req = self.queue.popleft()
             if now > req.deadline:
                 self._reply_answer(Answer(req, False, "expired", f"deadline passed "
@@ -153,39 +159,61 @@ class Scheduler:
                                           "queue.request_timeout_s)"))
                 continue
             try:
-                self._start(req)
+                if self.on_start is not None:
+                    self.on_start(req)
+            except Exception:   # bookkeeping must not keep a request from running
+                log.exception("recording the start of request %d failed", req.seq)
+            joining.append(req)
+        return joining
+
+    def _cycle(self, joining: list[Request]) -> list[tuple[Request, TaskResult]]:
+        """In the engine thread: join ``joining``, step, finish. Whatever fails with one
+        request answers that request; a failed engine step answers the batch."""
+        results: list[tuple[Request, TaskResult]] = []
+        for req in joining:
+            try:
+                res = self._start(req)
             except Exception as e:   # this request's failure, not the loop's
                 log.exception("request %d failed before generation", req.seq)
-                self._reply(req, TaskResult(req.task, False, None, None, {
-                    "code": "internal", "message": f"{type(e).__name__}: {e}"[:300]}, None))
+                res = _internal(req, e)
+            if res is not None:
+                results.append((req, res))
+        if not self.decoder.active:
+            return results
+        try:
+            done = self.decoder.run(self._arrived)
+        except Exception as e:  # an engine failure answers the batch, the loop goes on
+            log.exception("generation failed")
+            return results + self._fail_inflight(f"{type(e).__name__}: {e}")
+        for tag, gen in done:
+            req, prepared = self._inflight.pop(tag)
+            results.append((req, self.runner.finish(prepared, gen)))
+        return results
 
-    def _start(self, req: Request) -> None:
-        """Prepare a request and put it in a free row (or answer it when it cannot run)."""
-        if self.on_start is not None:
-            self.on_start(req)
+    def _start(self, req: Request) -> TaskResult | None:
+        """Prepare a request and put it in a free row; its answer when it cannot run."""
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p,
                                 top_k=req.top_k, seed=req.seed)
         prepared = self.runner.prepare(req.task, req.input, params, req.max_tokens)
         if isinstance(prepared, TaskResult):
-            self._reply(req, prepared)
-            return
+            return prepared
         tag = next(self._tags)
         try:
             self.decoder.add(tag, prepared.ids, prepared.params, prepared.constraint)
         except RungError as e:
-            self._reply(req, TaskResult(req.task, False, None, None,
-                                        {"code": "too_long", "message": e.message}, None))
-            return
+            return TaskResult(req.task, False, None, None,
+                              {"code": "too_long", "message": e.message}, None)
         self._inflight[tag] = (req, prepared)
+        return None
 
-    def _fail_inflight(self, message: str) -> None:
+    def _fail_inflight(self, message: str) -> list[tuple[Request, TaskResult]]:
         """Every request in the batch answered ``internal``; a fresh batch (its KV state
         is unknown after a failed step)."""
         failed, self._inflight = self._inflight, {}
         self.decoder = self.make_decoder(self.max_batch)
-        for req, _ in failed.values():
-            self._reply(req, TaskResult(req.task, False, None, None,
-                                        {"code": "internal", "message": message}, None))
+        return [(req, TaskResult(req.task, False, None, None,
+                                 {"code": "internal", "message": message}, None))
+                for req, _ in failed.values()]
 
     def _reply(self, req: Request, res: TaskResult) -> None:
         self._reply_answer(_answer(req, res))
@@ -222,6 +250,11 @@ class Scheduler:
                 pass
         self._pool.shutdown(wait=False, cancel_futures=True)
         return len(self.queue)
+
+
+def _internal(req: Request, e: Exception) -> TaskResult:
+    return TaskResult(req.task, False, None, None,
+                      {"code": "internal", "message": f"{type(e).__name__}: {e}"[:300]}, None)
 
 
 def _answer(req: Request, res: TaskResult) -> Answer:

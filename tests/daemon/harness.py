@@ -121,7 +121,8 @@ class Requester:
     and its own reply topic."""
 
     def __init__(self, port: int, v5: bool = True, persistent: bool = False,
-                 client_id: str | None = None, topics: tuple[str, ...] = ()) -> None:
+                 client_id: str | None = None, topics: tuple[str, ...] = (),
+                 no_delay: bool = False) -> None:
         self.topics = topics
         self.v5 = v5
         self.replies: list[Reply] = []
@@ -141,6 +142,12 @@ class Requester:
         self.client.connect("127.0.0.1", port, keepalive=30,
                             clean_start=not persistent if v5 else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
                             properties=props)
+        if no_delay:   # as a latency-minded client would
+            import socket
+
+            sock = self.client.socket()
+            assert isinstance(sock, socket.socket)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.client.loop_start()
         if not self.subscribed.wait(10):
             raise TimeoutError("requester did not connect")
@@ -164,7 +171,7 @@ class Requester:
 
     def send(self, task: str, body: dict[str, Any] | bytes, correlation: str | None = None,
              response_topic: str | None = None, expiry: int | None = None,
-             topic: str | None = None, retain: bool = False) -> None:
+             topic: str | None = None, retain: bool = False, wait: bool = True) -> None:
         props = None
         if self.v5:
             props = Properties(PacketTypes.PUBLISH)
@@ -177,7 +184,8 @@ class Requester:
         payload = body if isinstance(body, bytes) else json.dumps(body).encode()
         info = self.client.publish(topic or f"{BASE}/req/{task}", payload, qos=1,
                                    retain=retain, properties=props)
-        info.wait_for_publish(10)
+        if wait:   # else a burst: publishes go out back to back, acknowledged later
+            info.wait_for_publish(10)
 
     def wait(self, n: int, timeout: float = 120) -> list[Reply]:
         deadline = time.monotonic() + timeout
@@ -189,14 +197,30 @@ class Requester:
         with self.lock:
             raise TimeoutError(f"{len(self.replies)} of {n} replies in {timeout} s")
 
-    def wait_settled(self, n: int, timeout: float = 120, settle: float = 1.0) -> list[Reply]:
-        """At least ``n`` replies, then whatever else arrives within ``settle`` seconds
-        (a duplicate answer would)."""
+    def wait_settled(self, n: int, timeout: float = 120) -> list[Reply]:
+        """At least ``n`` replies, then everything rung sends before the answer to a
+        request published after them (a duplicate answer would be among it)."""
         self.wait(n, timeout)
-        return self.settle(settle)
+        return self.fence(timeout)
 
-    def settle(self, seconds: float = 1.0) -> list[Reply]:
-        time.sleep(seconds)
+    def fence(self, timeout: float = 60) -> list[Reply]:
+        """All replies rung sends before it answers a request published now: rung takes
+        requests in order and publishes answers in the order it recorded them (retained
+        replays and redeliveries included), so once the fence's own answer is here,
+        nothing that came before it is still on its way. The fence's answer is not kept."""
+        fid = f"fence-{uuid.uuid4().hex[:8]}"
+        self.send("st_code", {"id": fid, "input": {}, "fence": True})   # refused at once
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if any(r.body.get("id") == fid for r in self.replies):
+                    self.replies = [r for r in self.replies if r.body.get("id") != fid]
+                    return list(self.replies)
+            time.sleep(0.01)
+        raise TimeoutError(f"no answer to the fence request in {timeout} s")
+
+    def snapshot(self) -> list[Reply]:
+        """The replies so far."""
         with self.lock:
             return list(self.replies)
 

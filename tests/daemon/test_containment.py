@@ -202,7 +202,7 @@ def test_an_answer_the_broker_refuses_is_dead_lettered_and_the_rest_flow(
                              "reply_to": f"{BASE}/res/{big}"})
         for i in range(3):
             req.send("st_code", {**SHORT, "id": f"small{i}"})
-        replies = req.wait_settled(3, timeout=90, settle=1.0)
+        replies = req.wait_settled(3, timeout=90)
         assert sorted(r.body["id"] for r in replies) == ["small0", "small1", "small2"]
         rec = d.wait_log("answer dead-lettered", 30)
         assert "refused it 3 times" in rec["why"]
@@ -351,7 +351,7 @@ def test_a_dead_engine_loop_is_never_silent(tmp_path: Path, broker: Broker, edge
     def broken() -> None:
         raise MemoryError("a bug in the loop itself")
 
-    service.scheduler._admit = broken   # type: ignore[method-assign]
+    service.scheduler._take = broken   # type: ignore[method-assign]
 
     async def main() -> tuple[int, str | None]:
         run = asyncio.ensure_future(service.run())

@@ -70,7 +70,7 @@ def plant(tmp_path: Path, edge_engine: Path  # noqa: F811
 
 
 def _events(watcher: Requester, suffix: str) -> list[dict[str, Any]]:
-    return [r.body for r in watcher.settle(0) if r.topic.endswith(suffix)]
+    return [r.body for r in watcher.snapshot() if r.topic.endswith(suffix)]
 
 
 def _wait_event(watcher: Requester, n: int = 1, timeout: float = 120) -> list[dict[str, Any]]:

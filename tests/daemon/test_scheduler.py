@@ -327,7 +327,7 @@ def test_a_dead_loop_is_reported_by_liveness() -> None:
         def broken() -> None:
             raise MemoryError("no room for a batch")
 
-        s._admit = broken   # type: ignore[method-assign]
+        s._take = broken   # type: ignore[method-assign]
         task = s.start()
         s.submit(_req(1))
         await _until(task.done)

@@ -217,6 +217,37 @@ FT_INVALID = {"top_event": "Hydraulic unit loses system pressure",
                          {"name": "pump_current", "value": 14.2, "unit": "A"}]}
 
 
+def test_a_refusal_round_trip_takes_single_digit_milliseconds(
+        served: tuple[Broker, Daemon]) -> None:
+    """rung sets TCP_NODELAY on its broker connection: an answer does not wait ~40 ms in
+    the send buffer (Nagle's algorithm against the broker's delayed ACK)."""
+    import statistics
+    import threading
+
+    broker, _ = served
+    req = Requester(broker.port, no_delay=True)
+    got = threading.Event()
+    base_on_message = req.client.on_message
+
+    def on_message(*args: Any) -> None:
+        base_on_message(*args)
+        got.set()
+
+    req.client.on_message = on_message
+    try:
+        rtts = []
+        for i in range(20):
+            got.clear()
+            t0 = time.perf_counter()
+            req.send("st_code", b"{not json", correlation=f"rtt-{i}",
+                     response_topic=req.reply_topic)
+            assert got.wait(10)
+            rtts.append((time.perf_counter() - t0) * 1000)
+    finally:
+        req.close()
+    assert statistics.median(rtts) < 10, rtts
+
+
 def test_invalid_output_carries_output_and_validation(served: tuple[Broker, Daemon]) -> None:
     broker, _ = served
     req = Requester(broker.port, v5=True)
@@ -243,7 +274,7 @@ def test_retained_requests_are_not_replayed(served: tuple[Broker, Daemon]) -> No
         req.wait(1, 60)
         daemon.terminate()   # the restart subscribes again: the broker replays it
         daemon.start()
-        replies = req.settle(1.5)
+        replies = req.fence()
         req.send("st_code", b"", retain=True)   # clear it
     finally:
         req.close()
@@ -280,7 +311,7 @@ def test_duplicates_are_answered_once_even_after_restart(served: tuple[Broker, D
         daemon.start()
         req.send("st_code", body)               # again, to the restarted daemon
         req.send("st_code", {**body, "id": "dup-2"})
-        replies = by_id(req.wait_settled(2, 60, settle=1.5))
+        replies = by_id(req.wait_settled(2, 60))
     finally:
         req.close()
     assert len(replies["dup-1"]) == 1 and len(replies["dup-2"]) == 1
@@ -291,17 +322,21 @@ def test_burst_against_a_small_queue(broker: Broker, edge_engine: Path, tmp_path
                                  queue={"max_pending": 2}))
     daemon.start()
     req = Requester(broker.port, v5=True)
+    n = 60    # whole answers (~0.3 s each here), published back to back
     try:
-        for i in range(200):
-            req.send("st_code", SHORT, correlation=f"b{i}", response_topic=req.reply_topic)
-        replies = by_id(req.wait_settled(200, 180, settle=1.0))
+        for i in range(n):
+            req.send("st_code", {"input": ST_INPUT}, correlation=f"b{i}",
+                     response_topic=req.reply_topic, wait=False)
+        replies = by_id(req.wait(n, 180))
     finally:
         req.close()
         daemon.stop()
-    assert sorted(replies) == sorted(f"b{i}" for i in range(200))
+    assert sorted(replies) == sorted(f"b{i}" for i in range(n))
     assert all(len(v) == 1 for v in replies.values())
-    codes = collections.Counter(v[0].body["error"]["code"] for v in replies.values())
-    assert set(codes) <= {"truncated", "busy"} and codes["busy"] > 0 and codes["truncated"] > 0
+    codes = collections.Counter("ok" if v[0].body["ok"] else v[0].body["error"]["code"]
+                                for v in replies.values())
+    # the queue overflowed, and what was taken was answered, validly
+    assert set(codes) == {"ok", "busy"} and codes["busy"] >= n // 2, codes
 
 
 def test_broker_restart_while_requests_are_queued(broker: Broker, edge_engine: Path,
@@ -317,7 +352,7 @@ def test_broker_restart_while_requests_are_queued(broker: Broker, edge_engine: P
         broker.stop()
         time.sleep(1.0)
         broker.start()
-        replies = by_id(req.wait_settled(5, 180, settle=1.0))
+        replies = by_id(req.wait_settled(5, 180))
     finally:
         req.close()
         daemon.stop()
@@ -342,11 +377,11 @@ def test_kill9_with_requests_in_flight(broker: Broker, edge_engine: Path,
                      response_topic=req.reply_topic)
         req.wait(1, 60)
         daemon.kill9()
-        early = len(req.settle(0.2))
+        early = len(req.snapshot())
         for i in range(6, 9):   # published while rung is down: the session keeps them
             req.send("st_code", SHORT, correlation=f"k{i}", response_topic=req.reply_topic)
         daemon.start()
-        replies = by_id(req.wait_settled(9, 180, settle=1.5))
+        replies = by_id(req.wait_settled(9, 180))
     finally:
         req.close()
         daemon.stop()
@@ -452,7 +487,7 @@ def test_continuous_batching_in_the_daemon(broker: Broker, edge_engine: Path,
             req.send("st_code", {"input": ST_INPUT, "max_tokens": 40 + 60 * (i % 3)}
                      if i % 2 else {"input": ST_INPUT}, correlation=f"c{i}",
                      response_topic=req.reply_topic)
-        replies = by_id(req.wait_settled(6, 180, settle=0.5))
+        replies = by_id(req.wait_settled(6, 180))
     finally:
         req.close()
         daemon.stop()

@@ -1,0 +1,142 @@
+"""The event loop does I/O only: while the engine thread does the heaviest CPU work rung
+has (a batch decoding, a long prompt prefix restored from the disk tier, a maximum-size
+fault tree validated with its BDD), the loop never stalls for long and the systemd
+watchdog keeps being fed. Real engine, real task runner, real scheduler, a real datagram
+socket in place of systemd."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rung.daemon.requests import Address, Request
+from rung.daemon.scheduler import Answer, Scheduler
+from rung.daemon.sdnotify import Notifier, watchdog_loop
+from rung.daemon.task_runner import Prepared, TaskResult, TaskRunner
+from rung.daemon.tasks import load_tasks
+from rung.engines import load_engine
+from rung.engines.generate import Generation
+from rung.engines.kv_store import ColdStore
+from rung.engines.prefix_cache import PrefixCache
+from rung.engines.tokenizer import Tokenizer
+
+MAX_STALL_S = 0.050
+
+
+def max_size_fault_tree() -> dict[str, Any]:
+    """A fault tree at the output schema's limits: 40 basic events, 30 gates of up to 10
+    inputs each, events shared between gates (a BDD that does real work)."""
+    events = [{"id": f"E{i}", "description": f"component {i} fails",
+               "probability": 1e-3 * (1 + i % 7)}
+              for i in range(40)]
+    gates = []
+    for g in range(30):
+        kind = ["OR", "AND", "ATLEAST"][g % 3]
+        inputs = [f"E{(g * 7 + j * 3) % 40}" for j in range(6)]
+        if g >= 3:
+            inputs += [f"G{(g - 1 - j) % g}" for j in range(min(4, g))]
+        gate: dict[str, Any] = {"id": f"G{g}", "type": kind, "inputs": inputs[:10],
+                                "description": f"subsystem {g}"}
+        if kind == "ATLEAST":
+            gate["k"] = 2
+        gates.append(gate)
+    return {"top": "G29", "description": "Press stops", "gates": gates,
+            "basic_events": events}
+
+
+class HeavyRunner(TaskRunner):
+    """The real runner; a request whose input says ``"max_tree": true`` is validated as if
+    the model had written the maximum-size fault tree (the validator's worst case)."""
+    # input: {"system": "MAX", ...}
+
+    def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:
+        if isinstance(prepared.data, dict) and prepared.data.get("system") == "MAX":
+            gen.text = json.dumps(max_size_fault_tree())
+            gen.finish_reason = "stop"
+        return super().finish(prepared, gen)
+
+
+def _request(seq: int, task: str, data: dict[str, Any], max_tokens: int = 48) -> Request:
+    now = time.time()
+    return Request(seq=seq, task=task, input=data, reply=Address(f"r/{seq}", None, str(seq)),
+                   received=now, deadline=now + 300, max_tokens=max_tokens)
+
+
+@pytest.fixture
+def runner(edge_engine: Path, tmp_path: Path) -> HeavyRunner:
+    engine = load_engine(edge_engine)
+    m = engine.manifest
+    tok = Tokenizer.load(edge_engine, m.tokenizer)
+    # no RAM tier: every prefix block comes back from the disk tier
+    store = ColdStore(m.engine_id, 0, state_dir=tmp_path / "state", disk_budget_bytes=2**30)
+    return HeavyRunner(engine, tok, load_tasks(), edge_engine,
+                       prefix=PrefixCache(store, m.engine_id))
+
+
+def test_the_loop_stays_responsive_while_the_engine_thread_works(
+        runner: HeavyRunner, tmp_path: Path) -> None:
+    points = [{"name": f"sensor_{i:02d}_temperature", "value": 20.0 + i, "unit": "degC",
+               "limits": {"alert": 70.0, "alarm": 85.0}} for i in range(34)]
+    long_input = {"asset": "Hydraulic press 1", "description": "Shift report.", "points": points}
+    prompt = runner.prompt_ids(runner.tasks["diagnosis"], long_input)
+    max_seq = runner.engine.manifest.dims.max_seq
+    assert 800 <= len(prompt) < max_seq - 48, len(prompt)
+
+    sock_path = str(tmp_path / "notify.sock")
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(sock_path)
+    receiver.setblocking(False)
+    pings: list[float] = []
+
+    async def body() -> tuple[float, list[Answer], dict[str, Any]]:
+        answers: list[Answer] = []
+        sched = Scheduler(runner, answers.append, max_pending=16, max_batch=4)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(receiver.fileno(), lambda: pings.append(time.monotonic())
+                        if b"WATCHDOG=1" in receiver.recv(4096) else None)
+        dog = loop.create_task(watchdog_loop(Notifier(sock_path), 0.02, sched.liveness))
+        task = sched.start()
+        # the long prompt once, so its prefix blocks land on the disk tier
+        sched.submit(_request(1, "diagnosis", long_input, max_tokens=4))
+        while len(answers) < 1:
+            await asyncio.sleep(0.01)
+        stats0 = dict(runner.prefix.store.stats()) if runner.prefix else {}
+        worst = 0.0
+        pings.clear()
+        for i in range(4):
+            sched.submit(_request(10 + i, "st_code", {"description": f"Pump {i} runs while "
+                                                      "the level is low."}))
+        sched.submit(_request(20, "diagnosis", long_input, max_tokens=4))   # from disk
+        sched.submit(_request(21, "fault_tree", {"system": "MAX", "top_event": "stop"},
+                              max_tokens=2))
+        expected = time.monotonic()
+        while len(answers) < 7:
+            await asyncio.sleep(0.005)
+            now = time.monotonic()
+            worst = max(worst, now - expected - 0.005)
+            expected = now
+        stats1 = dict(runner.prefix.store.stats()) if runner.prefix else {}
+        await sched.stop(5.0)
+        dog.cancel()
+        task.cancel()
+        loop.remove_reader(receiver.fileno())
+        return worst, answers, {k: stats1.get(k, 0) - stats0.get(k, 0) for k in stats1}
+
+    try:
+        worst, answers, delta = asyncio.run(body())
+    finally:
+        receiver.close()
+    by_seq = {a.request.seq: a for a in answers}
+    assert by_seq[20].usage["cached_tokens"] >= 768, by_seq[20].usage   # restored from disk
+    assert delta.get("hits_disk", 0) >= 12, delta
+    tree = by_seq[21]
+    assert tree.validation is not None and tree.validation["fault_tree"]["ok"], tree
+    assert worst <= MAX_STALL_S, f"the event loop stalled {worst * 1000:.1f} ms"
+    gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
+    assert len(pings) >= 5 and max(gaps) <= 0.02 + MAX_STALL_S, gaps
