@@ -5,7 +5,8 @@
 A request = a 1,024-token prefix shared with an earlier request + a short new suffix.
 TTFT (prefill of what is not cached + the first token) when the prefix is (a) not cached,
 (b) in the cold tier in RAM, (c) in the cold tier on disk after a restart (a new store on
-the same state directory), (d) in a hot slot. Then compression ratio and MB/s of the cold
+the same state directory), (d) in a row of the decode loop that still holds it (the hot
+tier: the row the earlier request left). Then compression ratio and MB/s of the cold
 tier for fp32, fp16 and fp8 KV at two zstd levels. Writes
 ``bench/results/<date>-kv-tiers.{json,md}``.
 """
@@ -26,10 +27,11 @@ import numpy as np
 import report
 
 from rung.engines import Engine, load_engine
+from rung.engines.batch import BatchDecoder
 from rung.engines.generate import generate
 from rung.engines.kv_store import ColdStore
 from rung.engines.onnx_engine import EngineOptions
-from rung.engines.prefix_cache import HotSlots, PrefixCache
+from rung.engines.prefix_cache import PrefixCache
 from rung.engines.sampler import SamplingParams
 from rung.engines.tokenizer import Tokenizer
 
@@ -62,12 +64,13 @@ def tiers(engine: Engine, tok: Tokenizer, prefix_len: int, suffix: int,
     out["c_cold_disk_ms"], out["c_cached_tokens"] = ttft(
         engine, tok, second, prefix=PrefixCache(restarted, eid))
     out["c_disk_hits"] = restarted.stats()["hits_disk"]
-    slots = HotSlots(engine, 1)
-    cache, _ = slots.acquire(first)
-    (g,) = generate(engine, tok, [first], SamplingParams(max_tokens=1), cache=cache)
-    slots.release(cache, first + g.token_ids)
-    cache, n = slots.acquire(second)
-    out["d_hot_ms"], out["d_cached_tokens"] = ttft(engine, tok, second, cache=cache)
+    decoder = BatchDecoder(engine, tok, 1)
+    for tag, prompt in (("first", first), ("second", second)):   # the same row, in turn
+        decoder.add(tag, prompt, SamplingParams(max_tokens=1))
+        while not (done := decoder.step()):
+            pass
+    [(_, g)] = done
+    out["d_hot_ms"], out["d_cached_tokens"] = g.ttft_ms, g.cached_tokens
     for k in ("b_cold_ram_ms", "c_cold_disk_ms", "d_hot_ms"):
         out[k.replace("_ms", "_pct_of_a")] = 100.0 * out[k] / out["a_not_cached_ms"]
     out["store"] = store.stats()
@@ -109,7 +112,7 @@ def markdown(r: dict[str, Any]) -> str:
              f"{t['b_cold_ram_pct_of_a']:.1f} % | {t['b_cached_tokens']} |",
              f"| (c) cold tier, disk after restart | {t['c_cold_disk_ms']:.0f} | "
              f"{t['c_cold_disk_pct_of_a']:.1f} % | {t['c_cached_tokens']} |",
-             f"| (d) hot slot | {t['d_hot_ms']:.0f} | {t['d_hot_pct_of_a']:.1f} % | "
+             f"| (d) hot row | {t['d_hot_ms']:.0f} | {t['d_hot_pct_of_a']:.1f} % | "
              f"{t['d_cached_tokens']} |", "",
              f"Start-up indexing of the state directory (c): {t['c_startup_index_ms']:.0f} ms.",
              "", "| KV | zstd level | ratio | compress MB/s | decompress MB/s | restore ms "

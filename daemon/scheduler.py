@@ -27,9 +27,9 @@ from typing import Any, Protocol
 from rung.daemon.requests import Request
 from rung.daemon.task_runner import Prepared, TaskResult, TaskRunner
 from rung.engines.errors import RungError
-from rung.engines.generate import Generation
 from rung.engines.grammar import Constraint
 from rung.engines.sampler import SamplingParams
+from rung.engines.sequence import Generation
 
 log = logging.getLogger("rung.scheduler")
 

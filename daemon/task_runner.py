@@ -16,10 +16,11 @@ from rung.daemon.tasks import Task, TaskError
 from rung.daemon.validate import validate_output
 from rung.engines import Engine
 from rung.engines.errors import GenerationError, RungError, TokenizerError
-from rung.engines.generate import Generation, generate
+from rung.engines.generate import generate
 from rung.engines.grammar import Constraint, GrammarCompiler, GrammarError
 from rung.engines.prefix_cache import PrefixCache
 from rung.engines.sampler import SamplingParams
+from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
 
 

@@ -1,29 +1,36 @@
-"""Continuous batching: sequences join and leave one shared KV cache between engine steps.
+"""The decode loop: sequences join and leave one shared KV cache between engine steps.
 
-``BatchDecoder`` owns a cache of ``rows`` rows. ``add`` puts a prompt in a free row (its
-longest cached prefix restored first); every ``step`` is one ``engine.forward`` over all
-rows: a joining row feeds the next chunk of its prompt, a decoding row its last token, a
-free row nothing (``n_new = 0``). Rows that finish leave with their ``Generation`` and free
-their row at once, so a waiting request joins on the next step instead of after the whole
-batch. Sampling, grammar masks and stop checks are per row, as in ``generate``: a row whose
+``BatchDecoder`` owns a cache of ``rows`` rows. ``add`` puts a prompt in a free row; every
+``step`` is one ``engine.forward`` over all rows (schedule -> run -> postprocess): a
+joining row feeds the next chunk of its prompt, a decoding row its last token, a free row
+nothing (``n_new = 0``). Rows that finish leave with their ``Generation`` and free their
+row at once, so a waiting request joins on the next step instead of after the whole batch.
+Sampling, grammar masks and stop checks are per row (``sequence.advance``): a row whose
 token step fails leaves with ``finish_reason`` ``"error"`` and the others decode on.
+
+A row keeps the KV of the sequence that left it (its hot tier): a prompt that shares a
+prefix with what a free row holds continues in that row without copying anything, and
+only when the cold tier (``PrefixCache``) holds a longer prefix is that restored instead.
+The daemon, ``generate`` (CLI, eval, bench) and the task runner all decode through here.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from rung.engines import Engine
 from rung.engines.errors import GenerationError
-from rung.engines.generate import Generation, Row, advance, new_row, row_result
 from rung.engines.grammar import Constraint
+from rung.engines.kv import KVCache
 from rung.engines.prefix_cache import PrefixCache
 from rung.engines.sampler import SamplingParams
+from rung.engines.sequence import Generation, Row, advance, new_row, row_result
 from rung.engines.tokenizer import Tokenizer
 
 
@@ -32,7 +39,7 @@ class _Seq:
     tag: Hashable
     prompt: list[int]
     row: Row
-    cached: int                  # prompt positions restored from the prefix cache
+    cached: int                  # prompt positions reused (hot row or cold tier)
     fed: int                     # prompt positions in the KV cache so far
     steps0: int = 0              # the engine's FFN-gate counters when the sequence joined
     skips0: np.ndarray | None = None
@@ -45,13 +52,23 @@ class BatchDecoder:
     tokens a joining row feeds per step, so a long prompt does not stall the others."""
 
     def __init__(self, engine: Engine, tokenizer: Tokenizer, rows: int,
-                 prefix: PrefixCache | None = None, prefill_chunk: int = 512) -> None:
+                 prefix: PrefixCache | None = None, prefill_chunk: int = 512,
+                 cache: KVCache | None = None,
+                 on_text: Callable[[Any, str], None] | None = None) -> None:
+        """``cache``: KV buffers to decode in (default: new ones of ``rows`` rows at the
+        engine's context); ``on_text``: called with (tag, new text) as text becomes final
+        (streaming)."""
         if rows < 1 or prefill_chunk < 1:
             raise GenerationError("a batch needs at least one row and a positive chunk")
         self.engine, self.tokenizer, self.prefix = engine, tokenizer, prefix
-        self.cache = engine.new_cache(rows)
+        self.cache = cache if cache is not None else engine.new_cache(rows)
+        if self.cache.batch != rows:
+            raise GenerationError(f"cache has {self.cache.batch} rows for a batch of {rows}")
+        self.max_seq = min(engine.manifest.dims.max_seq, self.cache.max_seq)
         self.prefill_chunk = prefill_chunk
+        self.on_text = on_text
         self.seqs: list[_Seq | None] = [None] * rows
+        self.held: list[list[int]] = [[] for _ in range(rows)]   # a free row's KV tokens
         self.steps = 0
 
     @property
@@ -64,24 +81,36 @@ class BatchDecoder:
 
     def add(self, tag: Hashable, prompt: Sequence[int], params: SamplingParams,
             constraint: Constraint | None = None) -> int:
-        """Put a sequence in a free row; returns the row.
+        """Put a sequence in a free row (the one holding the longest prefix of it);
+        returns the row.
 
         Raises:
             GenerationError: no free row, an empty prompt, or one that leaves no room.
         """
-        room = self.cache.max_seq - len(prompt)
-        if not prompt or room < 1:
+        if not prompt:
+            raise GenerationError("empty prompt", "give at least one token of input")
+        room = self.max_seq - len(prompt)
+        if room < 1:
             raise GenerationError(f"prompt of {len(prompt)} tokens does not fit the "
-                                  f"context of {self.cache.max_seq}", "shorten the prompt")
-        row = next((i for i, s in enumerate(self.seqs) if s is None), None)
-        if row is None:
+                                  f"engine's context of {self.max_seq}", "shorten the prompt")
+        free = [b for b, s in enumerate(self.seqs) if s is None]
+        if not free:
             raise GenerationError("no free row in the batch")
-        self.cache.lengths[row] = 0
-        cached = 0 if self.prefix is None else self.prefix.restore(self.cache, row, prompt)
+        t0 = time.perf_counter()   # time to first token includes restoring cached KV
+        hot = {b: _shared(self.held[b], prompt) for b in free}
+        row = max(free, key=lambda b: (hot[b], -len(self.held[b])))
+        cold = 0 if self.prefix is None else self.prefix.available(prompt)
+        self.held[row] = []
+        if hot[row] >= cold and hot[row] > 0:
+            self.cache.lengths[row] = cached = hot[row]     # continue in place
+        else:
+            self.cache.lengths[row] = 0
+            cached = 0 if self.prefix is None else self.prefix.restore(self.cache, row, prompt)
         skips = self.engine.ffn_skips
         self.seqs[row] = _Seq(tag, list(prompt), new_row(self.tokenizer, params, room,
                                                          constraint), cached, cached,
-                              self.engine.ffn_steps, None if skips is None else skips.copy())
+                              self.engine.ffn_steps, None if skips is None else skips.copy(),
+                              t0)
         return row
 
     def step(self) -> list[tuple[Hashable, Generation]]:
@@ -98,7 +127,7 @@ class BatchDecoder:
             n_new[b] = len(chunks[b])
         if not n_new.any():
             return []
-        tokens = np.zeros((len(self.seqs), int(n_new.max())), np.int64)
+        tokens = np.zeros((len(self.seqs), int(n_new.max())), np.int64)   # [B, S]
         for b, chunk in enumerate(chunks):
             tokens[b, :len(chunk)] = chunk
         decoding = all(s is None or s.fed >= len(s.prompt) for s in self.seqs)
@@ -112,7 +141,7 @@ class BatchDecoder:
                 s.fed += int(n_new[b])
                 if s.fed < len(s.prompt):
                     continue   # more prompt to feed: these logits are not the answer's
-            advance(s.row, logits[b, -1], b, None)
+            advance(s.row, logits[b, -1], s.tag, self.on_text)
             if not s.t_first:
                 s.t_first = time.perf_counter()
             if s.row.finish is not None:
@@ -136,8 +165,23 @@ class BatchDecoder:
         if skips is not None and s.skips0 is not None and steps > 0:
             # gates act on one-token steps of a single sequence: with one row, all its own
             g.ffn_skip_ratio = float((skips - s.skips0).sum() / (steps * len(skips)))
-        if self.prefix is not None and g.error is None:
-            self.prefix.save(self.cache, b, s.prompt + g.token_ids)
+        if g.error is None:
+            tokens = s.prompt + g.token_ids
+            if self.prefix is not None:
+                self.prefix.save(self.cache, b, tokens)
+            # the row keeps what it holds for the next prompt that shares a prefix with it
+            self.held[b] = tokens[:int(self.cache.lengths[b])]
+        else:
+            self.cache.lengths[b] = 0   # a failed row's contents are not offered again
         self.seqs[b] = None
-        self.cache.lengths[b] = 0
         return g
+
+
+def _shared(held: Sequence[int], prompt: Sequence[int]) -> int:
+    """Positions of ``held`` that start ``prompt`` (at most ``len(prompt) - 1``: the last
+    prompt token is always run, its logits start the answer)."""
+    n = min(len(held), len(prompt) - 1)
+    i = 0
+    while i < n and held[i] == prompt[i]:
+        i += 1
+    return i

@@ -21,9 +21,9 @@ from rung.daemon.sdnotify import Notifier, watchdog_loop
 from rung.daemon.task_runner import Prepared, TaskResult, TaskRunner
 from rung.daemon.tasks import load_tasks
 from rung.engines import load_engine
-from rung.engines.generate import Generation
 from rung.engines.kv_store import ColdStore
 from rung.engines.prefix_cache import PrefixCache
+from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
 
 MAX_STALL_S = 0.050

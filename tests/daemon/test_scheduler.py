@@ -15,8 +15,8 @@ from typing import Any
 from rung.daemon.requests import Address, Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.task_runner import Prepared, TaskResult
-from rung.engines.generate import Generation
 from rung.engines.sampler import SamplingParams
+from rung.engines.sequence import Generation
 
 
 class FakeRunner:

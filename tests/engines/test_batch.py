@@ -13,9 +13,10 @@ import pytest
 from rung.engines import Engine, load_engine
 from rung.engines.batch import BatchDecoder
 from rung.engines.errors import GenerationError
-from rung.engines.generate import Generation, generate
+from rung.engines.generate import generate
 from rung.engines.grammar import Constraint, GrammarCompiler
 from rung.engines.sampler import SamplingParams
+from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.integration
@@ -55,7 +56,9 @@ def test_joining_and_leaving_equals_alone(loaded: tuple[Engine, Tokenizer]) -> N
             assert gen.prompt_tokens == len(prompts[tag]) and gen.ttft_ms > 0
     assert got == dict(enumerate(alone))
     assert joined_mid_decode >= 2          # rows were filled while others were decoding
-    assert dec.free == 2 and not dec.cache.lengths.any()
+    # free rows keep what the last sequence in them held (the hot tier)
+    assert dec.free == 2 and [len(h) for h in dec.held] == dec.cache.lengths.tolist()
+    assert all(n > 0 for n in dec.cache.lengths)
 
 
 def test_run_returns_when_a_row_is_wanted(loaded: tuple[Engine, Tokenizer]) -> None:
@@ -155,4 +158,5 @@ def test_a_failing_row_fails_alone(loaded: tuple[Engine, Tokenizer],
     assert got[1].error == "IndexError: index -1 is out of bounds for axis 0 with size 0"
     assert [got[0].token_ids, got[2].token_ids] == [alone[0], alone[2]]
     assert got[0].error is None and got[2].error is None
-    assert dec.free == 3 and not dec.cache.lengths.any()
+    assert dec.free == 3 and dec.held[1] == [] and dec.cache.lengths[1] == 0
+    assert dec.held[0] and dec.held[2]

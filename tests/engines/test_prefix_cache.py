@@ -1,5 +1,6 @@
-"""Prefix and hot-slot reuse on a real engine: restored KV gives exactly the output of a
-full prefill (greedy), from RAM, from disk after a restart, and after a partial match."""
+"""Prefix reuse on a real engine: restored KV gives exactly the output of a full prefill
+(greedy), from RAM, from disk after a restart, after a partial match, and in place in the
+decode loop's own rows (the hot tier), in both graph forms."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import numpy as np
 import pytest
 
 from rung.engines import Engine, load_engine
-from rung.engines.generate import Generation, generate
+from rung.engines.batch import BatchDecoder
+from rung.engines.generate import generate
 from rung.engines.kv_store import ColdStore
-from rung.engines.prefix_cache import HotSlots, PrefixCache
+from rung.engines.prefix_cache import PrefixCache
 from rung.engines.sampler import SamplingParams
+from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.integration
@@ -85,22 +88,50 @@ def test_different_conversations_do_not_see_each_other(
     assert got_b.token_ids == _run(engine, tok, b).token_ids
 
 
-def test_hot_slot_continues_in_place(loaded: tuple[Engine, Tokenizer]) -> None:
-    engine, tok = loaded
-    slots = HotSlots(engine, 2)
+def _decode(decoder: BatchDecoder, prompt: list[int], tag: str) -> Generation:
+    decoder.add(tag, prompt, SamplingParams(max_tokens=6))
+    done: dict[object, Generation] = {}
+    while decoder.active:
+        done.update(decoder.step())
+    return done[tag]
+
+
+@pytest.mark.parametrize("graph", ["fused", "generic"])
+def test_a_free_row_continues_in_place(graph: str, engines: dict[str, Path],
+                                       generic_engines: dict[str, Path]) -> None:
+    """The hot tier: a row keeps what the sequence that left it held; a prompt sharing a
+    prefix with it continues there, without a copy, and decodes exactly as from scratch."""
+    path = (engines if graph == "fused" else generic_engines)["llama"]
+    engine = load_engine(path)
+    tok = Tokenizer.load(path, engine.manifest.tokenizer)
+    decoder = BatchDecoder(engine, tok, 2)
     prompt = _prompt(8, 30)
-    cache, n = slots.acquire(prompt)
-    assert n == 0
-    (g,) = generate(engine, tok, [prompt], SamplingParams(max_tokens=6), cache=cache)
-    slots.release(cache, prompt + g.token_ids)
+    g = _decode(decoder, prompt, "a")
+    assert g.cached_tokens == 0
+    other = _decode(decoder, _prompt(10, 12), "b")   # the other free row: "a" stays held
+    assert other.cached_tokens == 0
     follow = prompt + g.token_ids + _prompt(9, 7)
-    cache2, n2 = slots.acquire(follow)
-    assert cache2 is cache and n2 == len(prompt) + len(g.token_ids) - 1
-    (g2,) = generate(engine, tok, [follow], SamplingParams(max_tokens=6), cache=cache2)
-    assert g2.cached_tokens == n2
-    assert g2.token_ids == _run(engine, tok, follow).token_ids[:6]
-    other, n3 = slots.acquire(_prompt(10, 12))
-    assert other is not cache and n3 == 0
+    g2 = _decode(decoder, follow, "c")
+    # the last generated token was sampled, never fed: its KV is not in the row
+    assert g2.cached_tokens == len(prompt) + len(g.token_ids) - 1
+    plain = generate(engine, tok, [follow], SamplingParams(max_tokens=6))[0]
+    assert g2.token_ids == plain.token_ids
+    # a diverging prompt reuses the shared head only, and is still exact
+    fork = prompt[:20] + _prompt(11, 9)
+    g3 = _decode(decoder, fork, "d")
+    assert g3.cached_tokens == 20
+    assert g3.token_ids == generate(engine, tok, [fork], SamplingParams(max_tokens=6))[0].token_ids
+
+
+def test_the_cold_tier_wins_when_it_holds_more(loaded: tuple[Engine, Tokenizer]) -> None:
+    engine, tok = loaded
+    prefix = _store(engine)
+    long = _prompt(12, 70)
+    decoder = BatchDecoder(engine, tok, 1, prefix)
+    _decode(decoder, long, "a")                  # its blocks reach the cold tier
+    _decode(decoder, _prompt(13, 20), "b")      # the one row now holds something else
+    again = _decode(decoder, long + [7, 8], "c")
+    assert again.cached_tokens == 64             # four blocks restored from the cold tier
 
 
 def test_warm_pins_and_serves_a_fixed_prompt_head(loaded: tuple[Engine, Tokenizer]) -> None:
@@ -113,26 +144,3 @@ def test_warm_pins_and_serves_a_fixed_prompt_head(loaded: tuple[Engine, Tokenize
     got = _run(engine, tok, request, prefix)
     assert got.cached_tokens == 32
     assert got.token_ids == _run(engine, tok, request).token_ids
-
-
-def test_hot_slots_from_a_byte_budget(loaded: tuple[Engine, Tokenizer]) -> None:
-    engine, _ = loaded
-    m = engine.manifest
-    per_slot = m.kv.bytes_per_token(m.dims) * 64
-    slots = HotSlots.from_budget(engine, 3 * per_slot + 1, max_seq=64)
-    assert len(slots.slots) == 3 and slots.nbytes == 3 * per_slot
-
-
-def test_a_busy_hot_slot_is_never_handed_out_twice(loaded: tuple[Engine, Tokenizer]) -> None:
-    from rung.engines.errors import EngineError
-
-    engine, _ = loaded
-    slots = HotSlots(engine, 2)
-    a, _ = slots.acquire([1, 2, 3, 4])
-    b, n = slots.acquire([1, 2, 3, 9])          # same prefix, but slot a is busy
-    assert b is not a and n == 0
-    with pytest.raises(EngineError, match="all 2 hot slots are busy"):
-        slots.acquire([5, 6])
-    slots.release(a, None)                       # a failed request: contents unknown
-    c, n = slots.acquire([1, 2, 3, 4])
-    assert c is a and n == 0
