@@ -24,7 +24,7 @@ import machine
 import numpy as np
 import report
 
-from rung.engines import Engine, load_engine
+from rung.engines import AnyEngine, load_engine
 from rung.engines.onnx_engine import EngineOptions
 from rung.export.verify import logit_metrics
 
@@ -32,7 +32,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = {"fp32": "rung", "fp16": "rung-kv16", "fp8": "rung-kv8"}
 
 
-def lockstep(engines: dict[str, Engine], prompts: np.ndarray,
+def lockstep(engines: dict[str, AnyEngine], prompts: np.ndarray,
              tokens: int) -> dict[str, list[dict[str, float]]]:
     """Greedy generation with the fp32 engine (the first); every other engine is fed the
     same tokens. Per step, each engine's logit metrics against fp32 (one step at a time:

@@ -26,7 +26,7 @@ import artifacts
 import numpy as np
 import report
 
-from rung.engines import Engine, load_engine
+from rung.engines import AnyEngine, load_engine
 from rung.engines.batch import BatchDecoder
 from rung.engines.generate import generate
 from rung.engines.kv_store import ColdStore
@@ -39,12 +39,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = {"fp32": "rung", "fp16": "rung-kv16", "fp8": "rung-kv8"}
 
 
-def ttft(engine: Engine, tok: Tokenizer, prompt: list[int], **kw: Any) -> tuple[float, int]:
+def ttft(engine: AnyEngine, tok: Tokenizer, prompt: list[int], **kw: Any) -> tuple[float, int]:
     (g,) = generate(engine, tok, [prompt], SamplingParams(max_tokens=1), **kw)
     return g.ttft_ms, g.cached_tokens
 
 
-def tiers(engine: Engine, tok: Tokenizer, prefix_len: int, suffix: int,
+def tiers(engine: AnyEngine, tok: Tokenizer, prefix_len: int, suffix: int,
           state: Path) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     vocab = engine.manifest.dims.vocab_size
@@ -77,7 +77,7 @@ def tiers(engine: Engine, tok: Tokenizer, prefix_len: int, suffix: int,
     return out
 
 
-def compression(engine: Engine, tok: Tokenizer, prefix_len: int) -> dict[str, Any]:
+def compression(engine: AnyEngine, tok: Tokenizer, prefix_len: int) -> dict[str, Any]:
     """Fill a cache with a real prefill, then put its blocks at two levels."""
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, engine.manifest.dims.vocab_size, prefix_len + 1).tolist()

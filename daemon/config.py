@@ -602,19 +602,3 @@ def load_config(path: Path | None, overrides: Sequence[str] = (),
         raise ConfigError(f"{path}: the top level must be a mapping of keys, "
                           f"got a {type(data).__name__}")
     return parse_config(data, path.absolute().parent, overrides, env, source=path)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return str(value) if isinstance(value, Path) else value
-
-
-def redacted(cfg: Config) -> dict[str, Any]:
-    """The config as JSON-able data, secrets shown as ``"***"`` (for ``rung check`` and logs)."""
-    out: dict[str, Any] = _plain(dataclasses.asdict(cfg))
-    if out["mqtt"]["password"] is not None:
-        out["mqtt"]["password"] = "***"
-    return out

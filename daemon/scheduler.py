@@ -45,7 +45,6 @@ class Answer:
     output: Any = None
     validation: Any = None
     usage: dict[str, Any] = field(default_factory=dict)
-    result: TaskResult | None = None
 
 
 AnswerFn = Callable[[Answer], None]
@@ -266,8 +265,7 @@ def _answer(req: Request, res: TaskResult) -> Answer:
                  "decode_tok_s": round(g.decode_tok_s, 1),
                  "ffn_skip_ratio": g.ffn_skip_ratio}
     if res.ok:
-        return Answer(req, True, output=res.output, validation=res.validation, usage=usage,
-                      result=res)
+        return Answer(req, True, output=res.output, validation=res.validation, usage=usage)
     err = res.error or {"code": "internal", "message": "no result"}
     return Answer(req, False, err["code"], err["message"], output=res.output,
-                  validation=res.validation, usage=usage, result=res)
+                  validation=res.validation, usage=usage)

@@ -46,11 +46,6 @@ class Notifier:
         """True when there is a socket to notify (the process runs under a notify unit)."""
         return self._address is not None
 
-    @property
-    def last_status(self) -> str | None:
-        """The last text given to :meth:`ready`, :meth:`status` or :meth:`stopping`."""
-        return self._last_status
-
     def send(self, *fields: str) -> bool:
         """Send ``fields`` (``KEY=value`` strings) as one datagram.
 

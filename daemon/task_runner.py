@@ -14,7 +14,7 @@ from typing import Any
 
 from rung.daemon.tasks import Task, TaskError
 from rung.daemon.validate import validate_output
-from rung.engines import Engine
+from rung.engines import AnyEngine
 from rung.engines.errors import GenerationError, RungError, TokenizerError
 from rung.engines.generate import generate
 from rung.engines.grammar import Constraint, GrammarCompiler, GrammarError
@@ -54,7 +54,7 @@ class TaskRunner:
     """Owns the compiled grammars of a set of tasks for one engine (compiled at start-up:
     a schema that cannot be enforced stops the start, it is never served unconstrained)."""
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, tasks: Mapping[str, Task],
+    def __init__(self, engine: AnyEngine, tokenizer: Tokenizer, tasks: Mapping[str, Task],
                  engine_dir: Path, prefix: PrefixCache | None = None) -> None:
         self.engine, self.tokenizer, self.tasks = engine, tokenizer, dict(tasks)
         self.prefix = prefix

@@ -7,18 +7,39 @@ runtime, and nothing here imports torch.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from rung.engines.errors import EngineError
-from rung.engines.kv import KVCache
 from rung.engines.manifest import Manifest, load_manifest
 
 
-class Engine(Protocol):
-    """A decoder that appends to KV caches it allocates.
+class KVBuffers(Protocol):
+    """The KV buffers of ``batch`` rows an engine decodes in, in host memory
+    (``kv.KVCache``) or device memory (``kv_device.DeviceKVCache``). What the decode loop
+    and the cold tier use: how much each row holds, and its blocks in the cold tier's
+    format."""
+
+    batch: int
+    max_seq: int
+    lengths: np.ndarray   # [batch] int64: positions each row holds
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def read_block(self, row: int, start: int, n: int) -> dict[str, np.ndarray]: ...
+
+    def write_block(self, row: int, start: int, arrays: Mapping[str, np.ndarray]) -> None: ...
+
+
+C = TypeVar("C", bound=KVBuffers)
+
+
+class Engine(Protocol[C]):
+    """A decoder that appends to KV buffers it allocates (``C``: its own kind of them).
 
     ``forward(cache, tokens [B, S], n_new [B], logits_index [B, K] | None) -> logits
     [B, K, V]``: runs the new tokens of each row against the row's cached past, writes their
@@ -36,11 +57,14 @@ class Engine(Protocol):
     ffn_steps: int                  # one-token steps run (where FFN gates may skip)
     ffn_skips: np.ndarray | None    # [layers] FFN skips among them; None = no gates
 
-    def new_cache(self, batch: int, max_seq: int | None = None) -> KVCache: ...
+    def new_cache(self, batch: int, max_seq: int | None = None) -> C: ...
 
-    def forward(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
+    def forward(self, cache: C, tokens: np.ndarray, n_new: np.ndarray,
                 logits_index: np.ndarray | None = None,
                 allow_skip: bool = False) -> np.ndarray: ...
+
+
+AnyEngine = Engine[Any]   # a loaded engine, whichever backend (its buffers are KVBuffers)
 
 
 # backend name -> "module:factory"; factories take (engine_dir, manifest, options)
@@ -50,7 +74,7 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def load_engine(engine_dir: Path, backend: str = "onnx", options: Any = None) -> Engine:
+def load_engine(engine_dir: Path, backend: str = "onnx", options: Any = None) -> AnyEngine:
     """Read the manifest (checking artifact hashes) and construct the named backend."""
     if backend not in BACKENDS:
         raise EngineError(f"unknown engine backend {backend!r}",
@@ -58,7 +82,7 @@ def load_engine(engine_dir: Path, backend: str = "onnx", options: Any = None) ->
     manifest = load_manifest(Path(engine_dir))
     module, _, factory = BACKENDS[backend].partition(":")
     cls = getattr(importlib.import_module(module), factory)
-    engine: Engine = cls(Path(engine_dir), manifest, options)
+    engine: AnyEngine = cls(Path(engine_dir), manifest, options)
     return engine
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rung.engines import Engine
+from rung.engines import AnyEngine
 from rung.engines.errors import GenerationError
 from rung.engines.grammar import Constraint
 from rung.engines.kv import KVCache
@@ -51,7 +51,7 @@ class BatchDecoder:
     """Up to ``rows`` sequences decoded together; ``prefill_chunk`` bounds the prompt
     tokens a joining row feeds per step, so a long prompt does not stall the others."""
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, rows: int,
+    def __init__(self, engine: AnyEngine, tokenizer: Tokenizer, rows: int,
                  prefix: PrefixCache | None = None, prefill_chunk: int = 512,
                  cache: KVCache | None = None,
                  on_text: Callable[[Any, str], None] | None = None) -> None:

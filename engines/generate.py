@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from rung.engines import Engine
+from rung.engines import AnyEngine
 from rung.engines.batch import BatchDecoder
 from rung.engines.errors import GenerationError
 from rung.engines.grammar import Constraint
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["Generation", "generate"]
 
 
-def generate(engine: Engine, tokenizer: Tokenizer, prompts: Sequence[Sequence[int]],
+def generate(engine: AnyEngine, tokenizer: Tokenizer, prompts: Sequence[Sequence[int]],
              params: SamplingParams | Sequence[SamplingParams],
              on_text: Callable[[int, str], None] | None = None,
              constraints: Sequence[Constraint | None] | None = None,

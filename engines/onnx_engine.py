@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -224,3 +225,10 @@ class OnnxEngine:
         logits = outs[n_kv].numpy()
         skipped = outs[n_kv + 1].numpy() if self.ffn_skips is not None else None
         return logits, skipped
+
+
+if TYPE_CHECKING:   # mypy checks that the class is an Engine over host KV buffers
+    from rung.engines import Engine
+
+    def _conforms(engine: OnnxEngine) -> Engine[KVCache]:
+        return engine

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rung.engines import Engine
+from rung.engines import AnyEngine
 from rung.engines.kv import KVCache
 from rung.engines.kv_store import ColdStore, chain_keys
 
@@ -65,7 +65,7 @@ class PrefixCache:
             self.stats.restore_ms += (time.perf_counter() - t0) * 1000
         return usable
 
-    def warm(self, engine: Engine, tokens: Sequence[int]) -> int:
+    def warm(self, engine: AnyEngine, tokens: Sequence[int]) -> int:
         """Prefill ``tokens`` once and pin its full blocks (task system prompts at start-up);
         returns the pinned token count."""
         n = len(tokens) // self.block * self.block

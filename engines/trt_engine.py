@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -268,3 +268,10 @@ class TrtEngine:
         for address, _ in scratch.values():
             gpu.free(address)
 
+
+
+if TYPE_CHECKING:   # mypy checks that the class is an Engine over device KV buffers
+    from rung.engines import Engine
+
+    def _conforms(engine: TrtEngine) -> Engine[DeviceKVCache]:
+        return engine

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rung.engines import Engine
+from rung.engines import AnyEngine
 from rung.engines.manifest import Parity
 from rung.export.model import RungForCausalLM
 
@@ -55,7 +55,7 @@ def tolerance(weights: str, kv_dtype: str) -> Tolerance:
                                                         b.greedy_agreement))
 
 
-def verify(engine: Engine, model: RungForCausalLM, weights: str, prompts: int = 4,
+def verify(engine: AnyEngine, model: RungForCausalLM, weights: str, prompts: int = 4,
            steps: int = 12, seed: int = 0) -> Parity:
     """Run ``prompts`` random prompts + ``steps`` greedy steps; return the parity record."""
     rng = np.random.default_rng(seed)
@@ -104,7 +104,7 @@ def verify(engine: Engine, model: RungForCausalLM, weights: str, prompts: int = 
                   mean_kl=kl)
 
 
-def _gated_decode(engine: Engine, model: RungForCausalLM, prompt: list[int],
+def _gated_decode(engine: AnyEngine, model: RungForCausalLM, prompt: list[int],
                   steps: int) -> tuple[float, float, int, int]:
     """One row decoded alone (the only shape where FFN gates may skip) against the model
     with its gates applied at the decoded positions."""
@@ -146,7 +146,7 @@ def logit_metrics(ref: np.ndarray, got: np.ndarray, block: int = 64) -> dict[str
             "greedy_agreement": float((ref.argmax(-1) == got.argmax(-1)).mean())}
 
 
-def weight_accuracy(engine: Engine, original: RungForCausalLM, prompts: int = 8,
+def weight_accuracy(engine: AnyEngine, original: RungForCausalLM, prompts: int = 8,
                     length: int = 64, seed: int = 0) -> dict[str, float]:
     """Teacher-forced logits of the engine (quantized weights, and with them the kernels'
     int8 activations) against the fp32 model with the same KV rounding: what the weight

@@ -27,7 +27,7 @@ import numpy as np
 from rung.daemon.task_runner import TaskRunner
 from rung.daemon.tasks import load_tasks
 from rung.daemon.validate import check_schema
-from rung.engines import Engine, load_engine
+from rung.engines import AnyEngine, load_engine
 from rung.engines.generate import generate
 from rung.engines.progress import set_enabled
 from rung.engines.sampler import SamplingParams
@@ -95,7 +95,7 @@ def constrained(runner: TaskRunner, samples: list[dict[str, Any]]) -> dict[str, 
     return out
 
 
-def teacher_forced(engine: Engine, tok: Tokenizer, runner: TaskRunner,
+def teacher_forced(engine: AnyEngine, tok: Tokenizer, runner: TaskRunner,
                    samples: list[dict[str, Any]]) -> np.ndarray:
     """Logits at every reference-answer position, the answer fed one token at a time."""
     rows = []

@@ -93,24 +93,3 @@ def test_duplicate_task_names_refused(tmp_path: Path) -> None:
     (tmp_path / "b.yaml").write_text(text)
     with pytest.raises(TaskError, match="task name 'st_code' also defined"):
         load_tasks(tmp_path)
-
-
-def test_adhoc_schemas_off_by_default_and_bounded() -> None:
-    from rung.daemon.tasks import AdhocLimits, adhoc_task
-
-    base = load_tasks()["diagnosis"]
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
-    with pytest.raises(TaskError, match="disabled"):
-        adhoc_task(schema, AdhocLimits(), base)
-    on = AdhocLimits(enabled=True, max_bytes=300, max_depth=4, max_tokens=64)
-    task = adhoc_task(schema, on, base)
-    assert task.output_schema == schema and task.max_tokens == 64 and task.validators == ()
-    with pytest.raises(TaskError, match="exceeds 300"):
-        adhoc_task({"enum": ["x" * 400]}, on, base)
-    deep: dict = {"type": "object"}
-    for _ in range(5):
-        deep = {"type": "object", "properties": {"a": deep}}
-    with pytest.raises(TaskError, match="nesting depth"):
-        adhoc_task(deep, on, base)
-    with pytest.raises(TaskError, match="'uniqueItems'"):
-        adhoc_task({"type": "array", "uniqueItems": True}, on, base)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rung.engines import Engine, load_engine
+from rung.engines import AnyEngine, load_engine
 from rung.engines.batch import BatchDecoder
 from rung.engines.errors import GenerationError
 from rung.engines.generate import generate
@@ -26,7 +26,7 @@ TEXTS = ["The pump is running.", "Öltemperatur 85 °C, Druck 3,5",
 
 
 @pytest.fixture
-def loaded(engines: dict[str, Path]) -> tuple[Engine, Tokenizer]:
+def loaded(engines: dict[str, Path]) -> tuple[AnyEngine, Tokenizer]:
     engine = load_engine(engines["llama"])
     return engine, Tokenizer.load(engines["llama"], engine.manifest.tokenizer)
 
@@ -36,7 +36,7 @@ def _params(i: int) -> SamplingParams:
     return SamplingParams(max_tokens=6 + 5 * i, temperature=0.8 if i == 2 else 0.0, seed=i)
 
 
-def test_joining_and_leaving_equals_alone(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_joining_and_leaving_equals_alone(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     prompts = [tok.encode(t) for t in TEXTS]
     alone = [generate(engine, tok, [p], _params(i))[0].token_ids
@@ -61,7 +61,7 @@ def test_joining_and_leaving_equals_alone(loaded: tuple[Engine, Tokenizer]) -> N
     assert all(n > 0 for n in dec.cache.lengths)
 
 
-def test_run_returns_when_a_row_is_wanted(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_run_returns_when_a_row_is_wanted(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     import threading
 
     engine, tok = loaded
@@ -74,7 +74,7 @@ def test_run_returns_when_a_row_is_wanted(loaded: tuple[Engine, Tokenizer]) -> N
     assert [tag for tag, _ in done] == ["a"] and dec.active == 0
 
 
-def test_refusals(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_refusals(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     dec = BatchDecoder(engine, tok, rows=1)
     with pytest.raises(GenerationError):
@@ -89,7 +89,7 @@ def test_refusals(loaded: tuple[Engine, Tokenizer]) -> None:
 SCHEMA = {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}
 
 
-def _constraint(engines: dict[str, Path], engine: Engine, tok: Tokenizer) -> Constraint:
+def _constraint(engines: dict[str, Path], engine: AnyEngine, tok: Tokenizer) -> Constraint:
     compiler = GrammarCompiler(engines["llama"] / "tokenizer.json", tok.eos_token_ids,
                                engine.manifest.dims.vocab_size)
     return compiler.constraint(compiler.compile(SCHEMA))
@@ -102,7 +102,7 @@ def _drain(dec: BatchDecoder) -> dict[Hashable, Generation]:
     return got
 
 
-def test_extreme_sampling_row_beside_normal_rows(loaded: tuple[Engine, Tokenizer],
+def test_extreme_sampling_row_beside_normal_rows(loaded: tuple[AnyEngine, Tokenizer],
                                                  engines: dict[str, Path]) -> None:
     """A denormal temperature decodes as greedy, a maximal one as uniform, with or without a
     grammar mask, and the rows beside them give what they give alone."""
@@ -130,7 +130,7 @@ def test_extreme_sampling_row_beside_normal_rows(loaded: tuple[Engine, Tokenizer
     assert len(set(got[2].token_ids)) > 4          # uniform over the vocabulary, not greedy
 
 
-def test_a_failing_row_fails_alone(loaded: tuple[Engine, Tokenizer],
+def test_a_failing_row_fails_alone(loaded: tuple[AnyEngine, Tokenizer],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever a row's token step raises, that row leaves with finish_reason "error" and
     the reason; the others decode on as if alone."""

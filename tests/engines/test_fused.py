@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from rung.engines import Engine, load_engine
+from rung.engines import AnyEngine, load_engine
 from rung.engines.errors import EngineError, ExportError
 from rung.engines.kv import KVCache
 from rung.export.exporter import ExportOptions, export
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 STEPS = [[5, 3, 0], [1, 4, 6], [1, 0, 1], [2, 1, 1], [1, 1, 1]]
 
 
-def _run(engine: Engine, cache: KVCache, steps: list[list[int]],
+def _run(engine: AnyEngine, cache: KVCache, steps: list[list[int]],
          seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     out = []

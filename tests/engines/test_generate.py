@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rung.engines import Engine, load_engine
+from rung.engines import AnyEngine, load_engine
 from rung.engines.errors import GenerationError
 from rung.engines.generate import generate
 from rung.engines.sampler import SamplingParams
@@ -16,12 +16,12 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def loaded(engines: dict[str, Path]) -> tuple[Engine, Tokenizer]:
+def loaded(engines: dict[str, Path]) -> tuple[AnyEngine, Tokenizer]:
     engine = load_engine(engines["llama"])
     return engine, Tokenizer.load(engines["llama"], engine.manifest.tokenizer)
 
 
-def test_batch_equals_alone_greedy_and_sampled(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_batch_equals_alone_greedy_and_sampled(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     prompts = [tok.encode("The pump is running."), tok.encode("Öltemperatur 85 °C, Druck 3,5")]
     for params in (SamplingParams(max_tokens=20),
@@ -33,7 +33,7 @@ def test_batch_equals_alone_greedy_and_sampled(loaded: tuple[Engine, Tokenizer])
 
 
 def test_seeded_sampling_reproducible_and_seed_sensitive(
-        loaded: tuple[Engine, Tokenizer]) -> None:
+        loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     ids = tok.encode("motor current")
     runs = [generate(engine, tok, [ids], SamplingParams(max_tokens=24, temperature=1.5,
@@ -42,7 +42,7 @@ def test_seeded_sampling_reproducible_and_seed_sensitive(
     assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
-def test_length_stop_and_streaming_text(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_length_stop_and_streaming_text(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     ids = tok.encode("The pump")
     pieces: list[str] = []
@@ -55,7 +55,7 @@ def test_length_stop_and_streaming_text(loaded: tuple[Engine, Tokenizer]) -> Non
     assert g.ttft_ms > 0
 
 
-def test_stop_string_truncates(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_stop_string_truncates(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     ids = tok.encode("The pump")
     (free,) = generate(engine, tok, [ids], SamplingParams(max_tokens=24))
@@ -79,7 +79,7 @@ def test_generation_capped_by_context(engines: dict[str, Path]) -> None:
         assert len(g.token_ids) == 3
 
 
-def test_prompt_too_long_or_empty(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_prompt_too_long_or_empty(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     with pytest.raises(GenerationError, match="does not fit"):
         generate(engine, tok, [[5] * engine.manifest.dims.max_seq], SamplingParams())
@@ -87,7 +87,7 @@ def test_prompt_too_long_or_empty(loaded: tuple[Engine, Tokenizer]) -> None:
         generate(engine, tok, [[]], SamplingParams())
 
 
-def test_a_failing_row_fails_alone(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_a_failing_row_fails_alone(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     """A row whose grammar leaves no token finishes with "error"; its neighbour does not."""
     import numpy as np
 

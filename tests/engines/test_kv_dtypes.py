@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rung.engines import Engine, load_engine
+from rung.engines import AnyEngine, load_engine
 from rung.engines.errors import EngineError
 from rung.engines.kv import KVCache
 from rung.export.exporter import ExportOptions, export
@@ -40,7 +40,7 @@ def kv_engines(checkpoints: dict[str, tuple[Path, Any]],
     return out
 
 
-def _teacher_forced(engine: Engine, prompts: np.ndarray, steps: int) -> np.ndarray:
+def _teacher_forced(engine: AnyEngine, prompts: np.ndarray, steps: int) -> np.ndarray:
     """Prefill the first half, then feed the rest one token per step; logits [N, V]."""
     b, n = prompts.shape
     cache = engine.new_cache(b)

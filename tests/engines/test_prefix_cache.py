@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rung.engines import Engine, load_engine
+from rung.engines import AnyEngine, load_engine
 from rung.engines.batch import BatchDecoder
 from rung.engines.generate import generate
 from rung.engines.kv_store import ColdStore
@@ -24,7 +24,7 @@ BLOCK = 16
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def loaded(request: pytest.FixtureRequest,
-           engines: dict[str, Path]) -> tuple[Engine, Tokenizer]:
+           engines: dict[str, Path]) -> tuple[AnyEngine, Tokenizer]:
     engine = load_engine(engines[request.param])
     return engine, Tokenizer.load(engines[request.param], engine.manifest.tokenizer)
 
@@ -33,18 +33,18 @@ def _prompt(seed: int, n: int) -> list[int]:
     return np.random.default_rng(seed).integers(5, 300, n).tolist()
 
 
-def _run(engine: Engine, tok: Tokenizer, prompt: list[int],
+def _run(engine: AnyEngine, tok: Tokenizer, prompt: list[int],
          prefix: PrefixCache | None = None) -> Generation:
     (g,) = generate(engine, tok, [prompt], SamplingParams(max_tokens=12), prefix=prefix)
     return g
 
 
-def _store(engine: Engine, state_dir: Path | None = None) -> PrefixCache:
+def _store(engine: AnyEngine, state_dir: Path | None = None) -> PrefixCache:
     store = ColdStore(engine.manifest.engine_id, 1 << 24, state_dir=state_dir)
     return PrefixCache(store, engine.manifest.engine_id, block=BLOCK)
 
 
-def test_ram_restore_gives_the_same_greedy_output(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_ram_restore_gives_the_same_greedy_output(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     prompt = _prompt(1, 70)
     plain = _run(engine, tok, prompt)
@@ -55,7 +55,7 @@ def test_ram_restore_gives_the_same_greedy_output(loaded: tuple[Engine, Tokenize
     assert plain.token_ids == first.token_ids == second.token_ids
 
 
-def test_disk_restore_after_restart(loaded: tuple[Engine, Tokenizer], tmp_path: Path) -> None:
+def test_disk_restore_after_restart(loaded: tuple[AnyEngine, Tokenizer], tmp_path: Path) -> None:
     engine, tok = loaded
     prompt = _prompt(2, 50)
     plain = _run(engine, tok, prompt)
@@ -66,7 +66,7 @@ def test_disk_restore_after_restart(loaded: tuple[Engine, Tokenizer], tmp_path: 
     assert restarted.store.stats()["hits_disk"] >= 1
 
 
-def test_partial_prefix_then_suffix_prefill(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_partial_prefix_then_suffix_prefill(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     shared = _prompt(3, 40)
     prefix = _store(engine)
@@ -78,7 +78,7 @@ def test_partial_prefix_then_suffix_prefill(loaded: tuple[Engine, Tokenizer]) ->
 
 
 def test_different_conversations_do_not_see_each_other(
-        loaded: tuple[Engine, Tokenizer]) -> None:
+        loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     prefix = _store(engine)
     a, b = _prompt(6, 40), _prompt(7, 40)
@@ -123,7 +123,7 @@ def test_a_free_row_continues_in_place(graph: str, engines: dict[str, Path],
     assert g3.token_ids == generate(engine, tok, [fork], SamplingParams(max_tokens=6))[0].token_ids
 
 
-def test_the_cold_tier_wins_when_it_holds_more(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_the_cold_tier_wins_when_it_holds_more(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     prefix = _store(engine)
     long = _prompt(12, 70)
@@ -134,7 +134,7 @@ def test_the_cold_tier_wins_when_it_holds_more(loaded: tuple[Engine, Tokenizer])
     assert again.cached_tokens == 64             # four blocks restored from the cold tier
 
 
-def test_warm_pins_and_serves_a_fixed_prompt_head(loaded: tuple[Engine, Tokenizer]) -> None:
+def test_warm_pins_and_serves_a_fixed_prompt_head(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     engine, tok = loaded
     prefix = _store(engine)
     head = _prompt(11, 40)

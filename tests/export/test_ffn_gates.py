@@ -11,7 +11,7 @@ import onnx
 import pytest
 import torch
 
-from rung.engines import Engine, load_engine
+from rung.engines import AnyEngine, load_engine
 from rung.engines.errors import ExportError
 from rung.engines.manifest import load_manifest
 from rung.export import exporter
@@ -49,7 +49,7 @@ def _export_with_gates(hf: Path, out: Path, bias: float,
     return out
 
 
-def _decode(engine: Engine, prompt: list[int], steps: int,
+def _decode(engine: AnyEngine, prompt: list[int], steps: int,
             skip_prefill: bool = False) -> np.ndarray:
     cache = engine.new_cache(1)
     logits = [engine.forward(cache, np.array([prompt]), np.array([len(prompt)]),
