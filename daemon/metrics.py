@@ -212,6 +212,67 @@ class Metrics:
         server.server_close()
         thread.join(timeout=5)
 
+    # ---- PLC side (daemon/plc.py) -------------------------------------------------------
+    @property
+    def plc(self) -> PlcMetrics:
+        """The PLC agents' series (``rung_plc_*``), registered on first use."""
+        if getattr(self, "_plc", None) is None:
+            self._plc = PlcMetrics(self.registry)
+        return self._plc
+
+
+PLC_OPS = ("link", "handshake read", "heartbeat write", "ack write", "answer write",
+           "done write", "clear write", "snapshot read")
+PLC_ERRS = range(7)   # the err register's codes (daemon/plcjob.py)
+
+
+class PlcMetrics:
+    """Series of the PLC agents, labelled by the register map's id (``plc``) and, where an
+    operation is meant, by its name (``op``, one of :data:`PLC_OPS`). :meth:`add` makes
+    every series of a PLC at 0, so dashboards and alerts see it before the first fault."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.retries = Counter("rung_plc_retries", "Failed Modbus operations, each retried "
+                               "with backoff, by PLC and operation", ["plc", "op"], registry=r)
+        self.failing = Gauge("rung_plc_failing", "Failed attempts in a row of an operation, "
+                             "0 while it works: what is stuck", ["plc", "op"], registry=r)
+        self.serving = Gauge("rung_plc_serving", "1 while rung reads the PLC's handshake "
+                             "(and moves its heartbeat)", ["plc"], registry=r)
+        self.per_transaction = Gauge("rung_plc_per_transaction", "1 when the PLC closes the "
+                                     "connection after each response (a connection per "
+                                     "request)", ["plc"], registry=r)
+        self.jobs = Counter("rung_plc_jobs", "PLC requests answered, by err code",
+                            ["plc", "err"], registry=r)
+
+    def add(self, plc: str) -> None:
+        """Every series of PLC ``plc``, at 0."""
+        for op in PLC_OPS:
+            self.retries.labels(plc=plc, op=op)
+            self.failing.labels(plc=plc, op=op).set(0)
+        for err in PLC_ERRS:
+            self.jobs.labels(plc=plc, err=str(err))
+        self.set_link(plc, False, False)
+
+    def failed(self, plc: str, op: str, in_a_row: int) -> None:
+        """One failed attempt of ``op``, the ``in_a_row``-th since it last worked."""
+        self.retries.labels(plc=plc, op=op).inc()
+        self.failing.labels(plc=plc, op=op).set(in_a_row)
+
+    def worked(self, plc: str, op: str) -> None:
+        """``op`` worked (or is no longer wanted)."""
+        self.failing.labels(plc=plc, op=op).set(0)
+
+    def set_link(self, plc: str, serving: bool, per_transaction: bool) -> None:
+        """Whether the handshake is read, and whether the link reconnects per request."""
+        self.serving.labels(plc=plc).set(1 if serving else 0)
+        self.per_transaction.labels(plc=plc).set(1 if per_transaction else 0)
+
+    def job(self, plc: str, err: int) -> None:
+        """One request answered with ``err``."""
+        self.jobs.labels(plc=plc, err=str(err)).inc()
+    # ---- end of the PLC side ------------------------------------------------------------
+
 
 def summarize(families: Iterable[Metric]) -> dict[str, Any]:
     """``Metrics.summary`` over any metric families: a registry's, or those parsed from a

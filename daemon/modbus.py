@@ -6,20 +6,37 @@ lock, so two PLCs' frames never interleave on the wire.
 
 Every failure leaves here as a :class:`ModbusConfigError` (the request or the map is wrong:
 retrying cannot help) or a :class:`ModbusTransientError` (the PLC or the path to it is down
-or busy: the caller retries with backoff). A Link never sleeps and never retries by itself:
-a call makes at most one connection attempt and one request, each bounded by the transport's
-``timeout_s``; the next call after a lost connection reconnects once. A request in flight
-when the connection drops fails at its timeout (pymodbus does not fail it sooner).
+or busy: the caller retries with backoff). Orthogonal to that, ``error.connection`` tells a
+failure of the connection (refused, lost, no usable answer in time) from a reply the PLC
+gave to this one request (an exception, a short reply): callers back off the whole link only
+for the former. A Link never sleeps and never retries by itself, with one exception: a
+request whose reused TCP connection closes under it is sent once more on a fresh connection
+(the PLC closed it after the previous response, and the close crossed this request on the
+wire; rung's requests are reads and writes of absolute values, so repeating one the PLC did
+read is harmless). A call makes at most two connection attempts and two requests, each
+bounded by the transport's ``timeout_s``. A request in flight when the connection drops
+fails at once, not at its timeout.
+
+Some gateways and small PLCs close the connection after every response. A Link notices it
+(two connections in a row closed by the PLC right after their first response) and from then
+on opens a connection per request and closes it after the response itself
+(``per_transaction``); the link state stays ``connected`` throughout.
 
 pymodbus's own reconnect task is off (``reconnect_delay=0``: ``connection_lost`` schedules
-it only for a non-zero delay, and the async client's ``execute`` raises "Not connected"
-rather than connecting), and its retries are off (``retries=0``): both would hide a dead PLC
-behind minutes of silent waiting, and the retry policy belongs to the caller's loop.
+it only for a non-zero delay; a Link connects before each request, so the one connection
+attempt pymodbus 3.16's ``execute`` makes on a missing transport only happens when the
+connection drops in between), and its retries are off (``retries=0``): both would hide a
+dead PLC behind minutes of silent waiting, and the retry policy belongs to the caller's
+loop.
 
 Link states (``on_state(state, detail)`` on every change):
 
 * ``connected``: the PLC answers (an exception response is an answer too);
-* ``disconnected``: no connection (never opened, closed, refused, lost);
+* ``degraded``: the PLC answers, but an operation of the caller's keeps failing
+  (:meth:`Link.set_fault`); ``detail`` names each one and why;
+* ``disconnected``: no connection (never opened, closed, refused, lost under a request); a
+  connection the PLC closes between requests is reopened by the next request, and only a
+  failed reopening reads ``disconnected``;
 * ``error``: the connection is open but the PLC gave no usable answer in time. Over TCP the
   socket is then dropped, so a late answer cannot be taken for the next request's, and the
   next call reconnects; over RTU the port stays open for the other PLCs on the bus.
@@ -28,17 +45,28 @@ Link states (``on_state(state, detail)`` on every change):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import logging
 import termios
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from pymodbus.client import AsyncModbusSerialClient, AsyncModbusTcpClient
 from pymodbus.client.base import ModbusBaseClient
-from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
+from pymodbus.exceptions import ConnectionException, ModbusException
 from pymodbus.framer import FramerType
 from pymodbus.pdu import ModbusPDU
 
+from rung.daemon.modbus_errors import (
+    ERRORS,
+    EXCEPTION_CODES,
+    FAILURES,
+    HINTS,
+    ModbusConfigError,
+    ModbusError,
+    ModbusTransientError,
+)
 from rung.daemon.regmap import (
     TABLES,
     PlcMap,
@@ -47,73 +75,13 @@ from rung.daemon.regmap import (
     WriteRefused,
     values_from_block,
 )
-from rung.engines.errors import RungError
+
+__all__ = ["EXCEPTION_CODES", "Link", "ModbusConfigError", "ModbusError",
+           "ModbusTransientError", "OnState"]
 
 OnState = Callable[[str, str | None], None]  # (state, detail): see the module docstring
+log = logging.getLogger("rung.modbus")
 
-
-class ModbusError(RungError):
-    """A Modbus request failed. ``plc``: the map's id; ``code``: the Modbus exception code
-    when the PLC answered with one; ``transient``: whether retrying later may succeed."""
-
-    transient = False
-
-    def __init__(self, message: str, *, plc: str, code: int | None = None,
-                 hint: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.plc = plc
-        self.code = code
-
-
-class ModbusConfigError(ModbusError):
-    """The request cannot succeed as asked (function, address, value, allowlist, response
-    shape): fix the map or the PLC program, do not retry."""
-
-    transient = False
-
-
-class ModbusTransientError(ModbusError):
-    """The PLC or the path to it is down, busy or silent: retry with backoff."""
-
-    transient = True
-
-
-# Modbus exception code -> (name in the Modbus specification, transient). Transient means the
-# PLC may answer later: 4 is a fault inside the device (a module fault, a CPU in STOP), which
-# clears without any change on rung's side; 5 (acknowledge: accepted, still working) and 6
-# (busy) say "ask again later"; 8 is a device memory fault like 4; 10 and 11 come from a
-# gateway whose serial side is down. 1, 2, 3 and 7 reject the request itself. Codes outside
-# the table are treated as not transient: an unknown answer goes to a person, not a retry loop.
-EXCEPTION_CODES: dict[int, tuple[str, bool]] = {
-    1: ("illegal function", False),
-    2: ("illegal data address", False),
-    3: ("illegal data value", False),
-    4: ("server device failure", True),
-    5: ("acknowledge", True),
-    6: ("server device busy", True),
-    7: ("negative acknowledge", False),
-    8: ("memory parity error", True),
-    10: ("gateway path unavailable", True),
-    11: ("gateway target device failed to respond", True),
-}
-_HINTS = {
-    1: "the PLC does not serve this table with this function; check the point's table",
-    2: "the PLC has no such address; check the map's addresses (0-based) against the PLC",
-    3: "the PLC refused the count or the value; check the map against the PLC program",
-}
-_ERRORS: dict[bool, type[ModbusError]] = {False: ModbusConfigError,
-                                          True: ModbusTransientError}
-
-# A foreign failure -> (what happened, transient, link state after it). First match wins:
-# the pymodbus classes derive from ModbusException, and TimeoutError derives from OSError.
-# A bare ModbusException (e.g. ParameterException) rejects the request and leaves the state.
-_FAILURES: tuple[tuple[type[Exception], str, bool, str | None], ...] = (
-    (ConnectionException, "connection failed", True, "disconnected"),
-    (ModbusIOException, "no valid answer", True, "error"),
-    (TimeoutError, "no answer in time", True, "error"),
-    (OSError, "connection failed", True, "disconnected"),
-    (ModbusException, "request refused by the client", False, None),
-)
 
 ReadCall = Callable[[ModbusBaseClient, int, int, int], Awaitable[ModbusPDU]]
 # Table -> (function code, call(client, address, count, unit)).
@@ -124,6 +92,8 @@ _READS: dict[str, tuple[int, ReadCall]] = {
     "input": (4, lambda c, a, n, u: c.read_input_registers(a, count=n, device_id=u)),
 }
 _GUARD = 1.5  # x timeout_s: a backstop around each pymodbus call, which times out by itself
+_STRIKES = 2  # connections in a row closed by the PLC after one response: per_transaction
+_CLOSED_REUSED, _CLOSED_FRESH = "closed reused", "closed fresh"   # _send outcomes
 
 
 @dataclass
@@ -140,6 +110,21 @@ class _Bus:
 
 # Serial port path -> its bus. Module-level: every Link in the process shares it.
 _BUSES: dict[str, _Bus] = {}
+
+
+async def _unless(call: Awaitable[ModbusPDU], lost: asyncio.Event) -> ModbusPDU | None:
+    """The call's response, or None as soon as ``lost`` is set (the call is cancelled)."""
+    task = asyncio.ensure_future(call)
+    waiter = asyncio.ensure_future(lost.wait())
+    try:
+        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ModbusException, OSError):
+                await task
+    return task.result() if not task.cancelled() else None
 
 
 def _bus_traced(port: str, connected: bool) -> None:
@@ -159,9 +144,17 @@ class Link:
 
     def __init__(self, plc: PlcMap, on_state: OnState | None = None) -> None:
         self.plc = plc
-        self.state = "disconnected"
+        self.state = "disconnected"   # of the connection; on_state may say "degraded"
         self.last_error: str | None = None
+        self.per_transaction = False   # learned: the PLC closes after every response
         self._on_state = on_state
+        self._detail: str | None = None
+        self._shown: tuple[str, str | None] = ("disconnected", None)
+        self._faults: dict[str, str] = {}   # caller's operation -> why it keeps failing
+        self._served = 0    # responses on the current TCP connection
+        self._strikes = 0   # connections in a row the PLC closed after their first response
+        self._peer_closed = False
+        self._lost: asyncio.Event | None = None   # set when the connection drops under a call
         self._client: ModbusBaseClient | None = None
         self._lock = asyncio.Lock()  # TCP; an RTU Link uses its bus's lock instead
         self._bus: _Bus | None = None
@@ -192,6 +185,7 @@ class Link:
                     del _BUSES[self.where]
         elif client is not None:
             client.close()
+        self._served = 0
         self._set_state("disconnected", None)
 
     async def read(self, table: str, address: int, count: int) -> list[int] | list[bool]:
@@ -285,9 +279,24 @@ class Link:
         return bus.client, bus.lock
 
     def _traced(self, connected: bool) -> None:
-        """pymodbus's trace_connect (TCP): the peer closed or the socket failed."""
-        if not connected:
-            self._set_state("disconnected", f"connection to {self.where} lost")
+        """pymodbus's trace_connect (TCP): the peer closed or the socket failed (never
+        called for rung's own close). Between requests it changes nothing (the next request
+        reconnects); under a request it fails that request at once."""
+        if connected:
+            return
+        self._peer_closed = True
+        if self._lost is not None:
+            self._lost.set()
+
+    def _count_close(self) -> None:
+        """Before reconnecting after the PLC closed the connection: did it close after the
+        first response (the close may cross that response on the wire)?"""
+        self._strikes = self._strikes + 1 if self._served == 1 else 0
+        self._peer_closed = False
+        if self._strikes >= _STRIKES and not self.per_transaction:
+            self.per_transaction = True
+            log.warning("plc %s at %s closes the connection after every response: one "
+                        "connection per request from now on", self.plc.id, self.where)
 
     async def _ensure(self, client: ModbusBaseClient, op: str) -> None:
         """Connect once if not connected (called under the lock)."""
@@ -295,6 +304,8 @@ class Link:
             if self.state == "disconnected":
                 self._set_state("connected", None)
             return
+        if self._peer_closed:
+            self._count_close()
         timeout = self.plc.transport.timeout_s
         try:
             async with asyncio.timeout(timeout * _GUARD):
@@ -307,9 +318,10 @@ class Link:
         else:
             reason = f"refused or no answer within {timeout:g} s"
         if not ok:
-            error = self._error(op, f"cannot reach the PLC: {reason}", True)
+            error = self._error(op, f"cannot reach the PLC: {reason}", True, connection=True)
             self._set_state("disconnected", error.message)
             raise error
+        self._served = 0
         self._set_state("connected", None)
 
     async def _call(self, op: str, function: int,
@@ -317,17 +329,17 @@ class Link:
         """One request: connect if needed, send, translate every failure."""
         client, lock = self._attach()
         async with lock:
-            await self._ensure(client, op)
-            try:
-                async with asyncio.timeout(self.plc.transport.timeout_s * _GUARD):
-                    response = await call(client)
-            except (ModbusException, OSError) as e:
-                raise self._failed(op, client, e) from e
+            response = await self._send(op, client, call)
+            if response is _CLOSED_REUSED:   # the PLC closed it before reading: once more
+                response = await self._send(op, client, call)
+            if not isinstance(response, ModbusPDU):
+                raise self._failed(op, client,
+                                   ConnectionException("the PLC closed the connection"))
         if response.isError():
             code = getattr(response, "exception_code", 0)
             name, transient = EXCEPTION_CODES.get(code, (f"exception code {code}", False))
             error = self._error(op, f"the PLC answered exception {code} ({name})", transient,
-                                code, _HINTS.get(code))
+                                code, HINTS.get(code))
             self._set_state("connected", None)  # the PLC answered: the link itself is fine
             raise error
         if response.function_code != function:
@@ -336,10 +348,35 @@ class Link:
         self._set_state("connected", None)
         return response
 
+    async def _send(self, op: str, client: ModbusBaseClient,
+                    call: Callable[[ModbusBaseClient], Awaitable[ModbusPDU]]
+                    ) -> ModbusPDU | str:
+        """Send one request (under the lock) and wait for its answer or the connection's
+        end: the response, or ``_CLOSED_REUSED`` / ``_CLOSED_FRESH`` when the connection
+        closed under the request (only a reused one is worth sending the request again)."""
+        await self._ensure(client, op)
+        reused, lost = self._served > 0, asyncio.Event()
+        self._lost = lost if self._bus is None else None
+        try:
+            async with asyncio.timeout(self.plc.transport.timeout_s * _GUARD):
+                response = await _unless(call(client), lost)
+        except (ModbusException, OSError) as e:
+            raise self._failed(op, client, e) from e
+        finally:
+            self._lost = None
+        if response is None:
+            client.close()   # pymodbus may still hold the half-closed transport
+            return _CLOSED_REUSED if reused else _CLOSED_FRESH
+        self._served += 1
+        if self.per_transaction and self._bus is None:
+            client.close()   # before the PLC does: the next request reconnects
+        return response
+
     def _failed(self, op: str, client: ModbusBaseClient, exc: Exception) -> ModbusError:
-        what, transient, state = next((w, t, s) for kind, w, t, s in _FAILURES
+        what, transient, state = next((w, t, s) for kind, w, t, s in FAILURES
                                       if isinstance(exc, kind))
-        error = self._error(op, f"{what} ({exc or type(exc).__name__})", transient)
+        error = self._error(op, f"{what} ({exc or type(exc).__name__})", transient,
+                            connection=state is not None)
         if state == "error" and not client.connected:
             state = "disconnected"  # the connection went away under the request
         # Drop the connection: TCP after any failure, so the next call gets a fresh socket
@@ -368,17 +405,37 @@ class Link:
             raise self._config(op, "addresses run 0..65535")
 
     def _error(self, op: str, detail: str, transient: bool, code: int | None = None,
-               hint: str | None = None) -> ModbusError:
+               hint: str | None = None, connection: bool = False) -> ModbusError:
         message = f"plc {self.plc.id}: {op}: {detail}"
         self.last_error = message
-        return _ERRORS[transient](message, plc=self.plc.id, code=code, hint=hint)
+        return ERRORS[transient](message, plc=self.plc.id, code=code, hint=hint,
+                                  connection=connection)
 
     def _config(self, op: str, detail: str, hint: str | None = None) -> ModbusError:
         return self._error(op, detail, False, hint=hint)
 
+    # --- state ----------------------------------------------------------------------------
+    def set_fault(self, what: str, detail: str | None) -> None:
+        """The caller's operation ``what`` keeps failing (``detail`` says why), or is fine
+        again (None). While any is failing, a connected link reads ``degraded``."""
+        if detail is None:
+            self._faults.pop(what, None)
+        else:
+            self._faults[what] = detail
+        self._show()
+
     def _set_state(self, state: str, detail: str | None) -> None:
         if state != self.state:
-            self.state = state
+            self.state, self._detail = state, detail
+            self._show()
+
+    def _show(self) -> None:
+        state, detail = self.state, self._detail
+        if state == "connected" and self._faults:
+            state = "degraded"
+            detail = "; ".join(f"{what}: {why}" for what, why in self._faults.items())
+        if (state, detail) != self._shown:
+            self._shown = (state, detail)
             if self._on_state is not None:
                 self._on_state(state, detail)
 

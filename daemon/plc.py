@@ -8,13 +8,29 @@ CONTRACTS.md, per PLC, in holding registers named by the register map::
     rung: result, err; then done = 1, busy = 0
     PLC: reads result/err, req = 0
     rung: done = 0
-    rung: heartbeat += 1 every heartbeat_s
+    rung: heartbeat += 1 every heartbeat_s, in a poll that read the handshake
 
-The PLC's registers are the journal: a trigger survives a rung restart because ``req``
-stays 1 until rung says ``done``. At start-up a request already acknowledged
-(``ack_seq == req_seq``, ``done == 0``) is run again from the snapshot on (``resumed``).
-A link that drops is reconnected with backoff; the job's final writes are retried until
-they land, so the PLC is never left waiting while the link works.
+One loop per PLC, once per ``poll_s``: read the handshake block; only then bump the
+heartbeat (so it means "rung sees this PLC's requests"); then compare what the registers
+say with what rung knows (a request to acknowledge, an answer to deliver, registers to
+clear) and write the difference. Nothing is written from anywhere else, so every state has
+an exit: when the PLC withdraws or replaces a request, the writes for it stop.
+
+Faults are handled per operation. A reply that refuses one read or write (an exception, a
+short reply) fails that operation only: it is retried with backoff (``poll_s`` doubling to
+the map's ``retry_max_s``) while the rest of the cycle goes on. Only a failed connection
+backs off the whole link (``modbus.reconnect_min_s`` doubling to ``reconnect_max_s``, but
+never beyond ``retry_max_s``, which the PLC's heartbeat watchdog sets). Each operation logs
+once when it starts failing and once when it works again or is no longer needed; the
+attempts are counted in ``rung_plc_retries_total`` and ``rung_plc_failing``, and the link
+state reads ``degraded`` with the operation and its error while one keeps failing.
+
+A request runs once (:class:`rung.daemon.plcjob.Diagnoser`). Its answer is kept, in a file
+under ``state_dir`` when one is given, and published once; the writes that deliver it are
+retried for as long as the PLC keeps the request up, never by running the model again. A
+request found acknowledged but neither done nor answered (``ack_seq == req_seq``, ``done ==
+0``, no kept answer: rung stopped during the job) is run again from the snapshot on
+(``resumed``).
 """
 
 from __future__ import annotations
@@ -24,292 +40,308 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from rung.daemon.modbus import Link, ModbusConfigError, ModbusError, ModbusTransientError
+from rung.daemon.metrics import Metrics, PlcMetrics
+from rung.daemon.modbus import Link, ModbusError
+from rung.daemon.plcjob import (
+    ERR_CODES,
+    Answered,
+    AnswerStore,
+    Backoff,
+    Diagnoser,
+    Job,
+    Submit,
+)
 from rung.daemon.regmap import PlcMap
-from rung.daemon.requests import Address, Request
-from rung.daemon.scheduler import Answer
+
+__all__ = ["ERR_CODES", "PlcAgent", "Publish", "Submit"]
 
 log = logging.getLogger("rung.plc")
 
-# err register: 0 success; the rest tell the PLC programmer what to look at
-ERR_OK, ERR_SNAPSHOT, ERR_ANSWER, ERR_BUSY, ERR_TIMEOUT, ERR_INTERNAL, ERR_INPUT = range(7)
-ERR_CODES = {
-    ERR_OK: "success",
-    ERR_SNAPSHOT: "snapshot could not be read over Modbus",
-    ERR_ANSWER: "the model's answer failed validation (invalid_output or truncated)",
-    ERR_BUSY: "rung's queue was full",
-    ERR_TIMEOUT: "no answer before the deadline (expired)",
-    ERR_INTERNAL: "internal error in rung",
-    ERR_INPUT: "the snapshot does not fit the diagnosis task (bad_request, too_long)",
-}
-_ERR_BY_CODE = {"invalid_output": ERR_ANSWER, "truncated": ERR_ANSWER, "busy": ERR_BUSY,
-                "expired": ERR_TIMEOUT, "bad_request": ERR_INPUT, "too_long": ERR_INPUT,
-                "unknown_task": ERR_INTERNAL, "internal": ERR_INTERNAL}
-SNAPSHOT_ATTEMPTS = 5
-# result register: the advisory's priority (0 when err != 0)
-PRIORITY = {"low": 1, "medium": 2, "high": 3, "critical": 4}
-
-Submit = Callable[[Request], bool]
 Publish = Callable[[str, dict[str, Any], bool], Awaitable[bool]]
+Regs = dict[str, int]   # handshake register name -> value
+_REQUEST_OPS = ("ack write", "answer write", "done write", "clear write")
 
 
 @dataclass
-class _Regs:
-    req: int
-    req_seq: int
-    ack_seq: int
-    busy: int
-    done: int
+class _Op:
+    """One kind of Modbus operation's failures in a row, and when it may be tried again."""
 
-
-@dataclass
-class Job:
-    """One trigger being answered."""
-
-    req_seq: int
-    resumed: bool
-    started: float = field(default_factory=time.time)
-    snapshot: dict[str, Any] = field(default_factory=dict)
-    answers: dict[str, Answer] = field(default_factory=dict)
-    err: int = ERR_OK
-    result: int = 0
+    failures: int = 0
+    next_at: float = 0.0
 
 
 class PlcAgent:
-    """Polls one PLC's handshake, runs its jobs through the shared scheduler, answers it."""
+    """Polls one PLC's handshake, runs its requests through the shared scheduler, answers.
+
+    ``metrics``: the daemon's (its ``plc`` series); ``state_dir``: where the answer waiting
+    for delivery is kept (``{state_dir}/{plc id}.json``); None keeps it in memory only.
+    """
 
     def __init__(self, plc: PlcMap, link: Link, submit: Submit, publish: Publish,
                  base_topic: str, timeout_s: float, reconnect_min_s: float = 0.5,
-                 reconnect_max_s: float = 30.0) -> None:
-        self.plc, self.link, self.submit, self.publish = plc, link, submit, publish
-        self.base = base_topic
-        self.timeout_s = timeout_s
-        self.backoff = (reconnect_min_s, reconnect_max_s)
-        self.job: asyncio.Task[None] | None = None
+                 reconnect_max_s: float = 30.0, metrics: Metrics | None = None,
+                 state_dir: Path | None = None) -> None:
+        hs = plc.handshake
+        self.plc, self.link, self.publish, self.base = plc, link, publish, base_topic
+        self.retry = Backoff(hs.poll_s, hs.retry_max_s)
+        self.reconnect = Backoff(min(reconnect_min_s, hs.retry_max_s),
+                                 min(reconnect_max_s, hs.retry_max_s))
+        self.metrics = metrics.plc if metrics is not None else PlcMetrics()
+        self.metrics.add(plc.id)
+        self.diagnoser = Diagnoser(plc, link, submit, base_topic, timeout_s,
+                                   Backoff(reconnect_min_s, reconnect_max_s),
+                                   lambda op, n: self.metrics.failed(plc.id, op, n))
+        self.store = AnswerStore(state_dir / f"{plc.id}.json", plc.id) if state_dir else None
+        self.answer: Answered | None = self.store.load() if self.store else None
+        self.job: Job | None = None                  # the request taken, not yet answered
+        self.task: asyncio.Task[None] | None = None  # its run, once acknowledged
         self.jobs_done = 0
         self.heartbeat = 0
+        self.serving = False   # the last cycle read the handshake
+        self._next_beat = 0.0
+        self._ops: dict[str, _Op] = {}
+        self._down = 0         # connection failures in a row
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
 
     # -- the loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Connect, poll, reconnect with backoff; until ``stop``."""
-        delay = self.backoff[0]
+        """Poll until ``stop``: each cycle reads, beats and reconciles; a failed connection
+        backs off, anything else is retried per operation."""
+        if self.answer is not None and not self.answer.published:
+            await self._publish(self.answer)   # finished before a restart, never published
         while not self._stop.is_set():
             try:
-                await self.link.connect()
-                delay = self.backoff[0]
-                await self._poll()
-            except ModbusError as e:
-                # a configuration error (illegal address in the handshake block) will not
-                # heal by itself: retry at the slowest pace, loudly
-                if isinstance(e, ModbusConfigError):
-                    delay = self.backoff[1]
-                    log.error("PLC %s: %s", self.plc.id, e)
-                else:
-                    log.warning("PLC %s: %s", self.plc.id, e)
-            if self._stop.is_set():
-                break
+                await self._cycle()
+                delay = self._link_ok()
+            except ModbusError as e:   # the connection; the rest is handled per operation
+                delay = self._link_failed(e)
+            except Exception:   # a bug: keep serving the PLC, slowly, and say so
+                log.exception("PLC %s: poll failed inside rung", self.plc.id)
+                self.serving, delay = False, self.retry.max_s
+            self.metrics.set_link(self.plc.id, self.serving, self.link.per_transaction)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay)
-            delay = min(delay * 2, self.backoff[1])
+                await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.clear()
 
     async def stop(self) -> None:
         self._stop.set()
-        if self.job is not None and not self.job.done():
-            self.job.cancel()   # its request stays in the PLC (req = 1): resumed at restart
+        self._wake.set()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()   # its request stays in the PLC (req = 1): resumed at restart
         await self.link.close()
 
-    async def _poll(self) -> None:
+    async def _cycle(self) -> None:
+        regs: Regs = {}
+
+        async def read() -> None:
+            regs.update(await self._read_handshake())
+
+        self.serving = await self._try("handshake read", read)
+        if self.serving:   # the heartbeat says "rung sees your requests": only after a read
+            await self._beat()
+            await self._reconcile(regs)
+
+    def _link_ok(self) -> float:
+        if self._down:
+            log.info("PLC %s: link back after %d failed attempts", self.plc.id, self._down)
+            self.metrics.worked(self.plc.id, "link")
+            self._down = 0
+        return self.plc.handshake.poll_s
+
+    def _link_failed(self, e: ModbusError) -> float:
+        self._down += 1
+        self.serving = False
+        self.metrics.failed(self.plc.id, "link", self._down)
+        if self._down == 1:
+            log.warning("PLC %s: link down, reconnecting with backoff from %g s up to "
+                        "%g s: %s", self.plc.id, self.reconnect.first_s,
+                        self.reconnect.max_s, e)
+        return self.reconnect.delay(self._down)
+
+    async def _read_handshake(self) -> Regs:
+        start, count = self.plc.handshake.read_span()
+        raw = [int(v) for v in await self.link.read("holding", start, count)]
+        return {name: raw[addr - start]
+                for name, addr in self.plc.handshake.registers.items()}
+
+    async def _beat(self) -> None:
         hs = self.plc.handshake
-        next_beat = time.monotonic()
-        while not self._stop.is_set():
-            if time.monotonic() >= next_beat:
-                self.heartbeat = (self.heartbeat + 1) & 0xFFFF
-                await self.link.write_registers(hs.heartbeat, [self.heartbeat])
-                next_beat = time.monotonic() + hs.heartbeat_s
-            regs = await self._read_handshake()
-            self._step(regs)
-            if regs.req == 0 and self.job is None:
-                if regs.done == 1:   # the PLC took the answer
-                    await self.link.write_registers(hs.done, [0])
-                elif regs.busy == 1:   # a job cut short (rung stopped), request withdrawn
-                    await self.link.write_registers(hs.busy, [0])
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), hs.poll_s)
-
-    async def _read_handshake(self) -> _Regs:
-        hs = self.plc.handshake
-        start, count = hs.read_span()
-        raw = await self.link.read("holding", start, count)
-        regs = [int(v) for v in raw]
-
-        def at(addr: int) -> int:
-            return regs[addr - start]
-
-        return _Regs(at(hs.req), at(hs.req_seq), at(hs.ack_seq), at(hs.busy), at(hs.done))
-
-    def _step(self, r: _Regs) -> None:
-        """Start a job for a new or an interrupted request."""
-        if self.job is not None or r.req != 1:
+        now = time.monotonic()
+        if now < self._next_beat:
             return
-        if r.done == 1 and r.ack_seq == r.req_seq:
-            return   # answered; waiting for the PLC to clear req
-        # a new req_seq while done is still 1: the PLC raised the next request before
-        # taking the last answer down; the job clears done with its acknowledgement
-        resumed = r.ack_seq == r.req_seq   # acknowledged before a restart, never finished
+        value = (self.heartbeat + 1) & 0xFFFF
+        if await self._try("heartbeat write",
+                           lambda: self.link.write_registers(hs.heartbeat, [value])):
+            self.heartbeat, self._next_beat = value, now + hs.heartbeat_s
+
+    # -- registers against what rung knows -----------------------------------------------
+
+    async def _reconcile(self, r: Regs) -> None:
+        """Write what the registers lack: the acknowledgement of the request taken, the
+        answer to the request up, or the clearing after the PLC took it."""
+        self._adopt(r)
+        job, ans = self.job, self.answer
+        wanted: set[str] = set()
+        if r["req"] == 1 and job is not None and self.task is None:
+            ack = {"ack_seq": job.req_seq, "busy": 1, "done": 0}
+            wanted.add("ack write")
+            if not _differs(r, ack) or await self._try("ack write", lambda: self._write(ack),
+                                                       f"request {job.req_seq}"):
+                self._start(job)
+        elif r["req"] == 1 and ans is not None:
+            values, done = {"result": ans.result, "err": ans.err}, {"done": 1, "busy": 0}
+            if _differs(r, values):
+                wanted.add("answer write")
+                landed = await self._try("answer write", lambda: self._write(values),
+                                         f"request {ans.req_seq}")
+            else:
+                landed = True
+            if landed and _differs(r, done):
+                wanted.add("done write")
+                if await self._try("done write", lambda: self._write(done),
+                                   f"request {ans.req_seq}"):
+                    self._delivered(ans)
+        elif (r["req"] == 0 and self.task is None) or (r["done"] == 1 and job is None
+                                                       and ans is None and r["req"] == 1):
+            # the PLC took the answer or gave up; or done before a restart, busy left up
+            clear = {n: 0 for n in (("busy", "done") if r["req"] == 0 else ("busy",)) if r[n]}
+            if clear:
+                wanted.add("clear write")
+                await self._try("clear write", lambda: self._write(clear))
+        for name in _REQUEST_OPS:
+            if name not in wanted:
+                self._settled(name, "no longer needed")
+
+    def _adopt(self, r: Regs) -> None:
+        """Take a new request, drop what the PLC withdrew or replaced."""
+        seq = r["req_seq"]
+        if r["req"] == 0:
+            if self.job is not None and self.task is None:
+                self.job = None   # withdrawn before it was acknowledged
+            self._forget_answer()
+        if r["req"] != 1:
+            return
+        if self.job is not None:
+            if self.task is not None or self.job.req_seq == seq:
+                return   # one request at a time: the next waits for this one's answer
+            self.job = None   # replaced before it was acknowledged
+        if self.answer is not None:
+            if self.answer.req_seq == seq and r["ack_seq"] == seq:
+                return   # being delivered
+            self._forget_answer()   # the PLC moved on
+        if r["done"] == 1 and r["ack_seq"] == seq:
+            return   # answered earlier; waiting for the PLC to clear req
+        resumed = r["ack_seq"] == seq
         if resumed:
             log.warning("PLC %s: request %d was acknowledged before a restart: running it "
-                        "again", self.plc.id, r.req_seq)
-        self.job = asyncio.get_running_loop().create_task(
-            self._run_job(Job(r.req_seq, resumed)), name=f"plc-{self.plc.id}-{r.req_seq}")
-        self.job.add_done_callback(self._job_done)
+                        "again", self.plc.id, seq)
+        self.job = Job(seq, resumed)
+        self._settled("ack write", "replaced by a new request")
 
-    def _job_done(self, task: asyncio.Task[None]) -> None:
-        self.job = None
-        if not task.cancelled() and task.exception() is not None:
-            log.error("PLC %s: job failed: %s", self.plc.id, task.exception())
+    def _forget_answer(self) -> None:
+        if self.answer is not None:
+            self.answer = None
+            if self.store is not None:
+                self.store.clear()
 
-    # -- one job -------------------------------------------------------------------------
+    def _start(self, job: Job) -> None:
+        self.task = asyncio.get_running_loop().create_task(
+            self._run_job(job), name=f"plc-{self.plc.id}-{job.req_seq}")
 
     async def _run_job(self, job: Job) -> None:
-        hs = self.plc.handshake
-        await self._write_retrying([(hs.ack_seq, job.req_seq), (hs.busy, 1), (hs.done, 0)])
-        try:
-            job.snapshot = await self._snapshot()
-        except ModbusError as e:
-            log.warning("PLC %s: snapshot for request %d failed: %s", self.plc.id,
-                        job.req_seq, e)
-            job.err = ERR_SNAPSHOT
-        if job.err == ERR_OK:
-            job.err = await self._ask(job, "diagnosis", self._diagnosis_input(job))
-            if job.err == ERR_OK and self.plc.fault_tree:
-                # reported on MQTT beside the diagnosis; err and result are the diagnosis's
-                await self._ask(job, "fault_tree", self._fault_tree_input(job))
-        diag = job.answers.get("diagnosis")
-        if job.err == ERR_OK and diag is not None:
-            priority = (diag.output or {}).get("advisory", {}).get("priority")
-            job.result = PRIORITY.get(priority, 0)
-        await self._report(job)
-        await self._write_retrying([(hs.result, job.result), (hs.err, job.err)])
-        await self._write_retrying([(hs.done, 1), (hs.busy, 0)])
+        """Run the request once, keep its answer, publish it, hand it to the loop."""
+        answered = await self.diagnoser.run(job)
+        self.metrics.job(self.plc.id, answered.err)
         self.jobs_done += 1
+        if self.store is not None:
+            self.store.save(answered)
+        await self._publish(answered)
+        self._settled("answer write", "replaced by a new answer")
+        self._settled("done write", "replaced by a new answer")
+        self.answer, self.job, self.task = answered, None, None
+        self._wake.set()   # deliver it now rather than at the next poll
+
+    async def _publish(self, answered: Answered) -> None:
+        """The event (QoS 1) and the retained summary; the publisher keeps what the broker
+        did not take and sends it after the reconnect."""
+        topic = f"{self.base}/diag/{self.plc.id}"
+        try:
+            await self.publish(f"{topic}/event", answered.event, False)
+            await self.publish(f"{topic}/last", answered.last, True)
+        except Exception as e:   # a broken publisher: the PLC still gets its answer
+            log.error("PLC %s: publishing request %d failed: %s", self.plc.id,
+                      answered.req_seq, e)
+        answered.published = True
+        if self.store is not None:
+            self.store.save(answered)
+
+    def _delivered(self, ans: Answered) -> None:
+        event = ans.event
         log.info("plc answered", extra={"rung_fields": {
-            "plc": self.plc.id, "req_seq": job.req_seq, "err": job.err, "result": job.result,
-            "resumed": job.resumed, "ms": round((time.time() - job.started) * 1000)}})
+            "plc": self.plc.id, "req_seq": ans.req_seq, "err": ans.err, "result": ans.result,
+            "resumed": event.get("resumed"), "ms": event.get("ms")}})
 
-    async def _snapshot(self, attempts: int = SNAPSHOT_ATTEMPTS) -> dict[str, Any]:
-        """The points, transient errors (device busy, gateway, timeouts) retried with
-        backoff; a configuration error (illegal address) at once."""
-        delay = self.backoff[0]
-        for attempt in range(1, attempts):
-            try:
-                return await self.link.read_snapshot()
-            except ModbusTransientError as e:
-                log.warning("PLC %s: snapshot attempt %d failed, retrying in %.1f s: %s",
-                            self.plc.id, attempt, delay, e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff[1])
-        return await self.link.read_snapshot()   # the last attempt raises what it gets
+    async def _write(self, values: Regs) -> None:
+        """Write handshake registers by name: one request when their addresses are
+        adjacent, else one per register in address order."""
+        registers = self.plc.handshake.registers
+        writes = sorted((registers[name], v) for name, v in values.items())
+        if all(b[0] == a[0] + 1 for a, b in zip(writes, writes[1:], strict=False)):
+            await self.link.write_registers(writes[0][0], [v for _, v in writes])
+            return
+        for address, value in writes:
+            await self.link.write_registers(address, [value])
 
-    async def _ask(self, job: Job, task: str, data: dict[str, Any]) -> int:
-        """Run one task request through the shared queue, wait for its answer; the err
-        code it means for the PLC."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Answer] = loop.create_future()
+    # -- one operation, retried with backoff ---------------------------------------------
 
-        def resolve(answer: Answer) -> None:
-            if not fut.done():
-                fut.set_result(answer)
-
-        now = time.time()
-        req = Request(seq=0, task=task, input=data,
-                      reply=Address(f"{self.base}/diag/{self.plc.id}/event", None,
-                                    f"{self.plc.id}-{job.req_seq}-{task}"),
-                      received=now, deadline=now + self.timeout_s,
-                      session=f"plc:{self.plc.id}",
-                      on_answer=resolve)
-        if not self.submit(req):
-            job.answers[task] = Answer(req, False, "busy", "queue full")
-            return ERR_BUSY
-        answer = await fut
-        job.answers[task] = answer
-        return ERR_OK if answer.ok else _ERR_BY_CODE.get(answer.code or "internal",
-                                                         ERR_INTERNAL)
-
-    def _points(self, job: Job, with_limits: bool) -> list[dict[str, Any]]:
-        out = []
-        for p in self.plc.points:
-            if p.name not in job.snapshot:
-                continue
-            item: dict[str, Any] = {"name": p.name, "value": job.snapshot[p.name]}
-            if p.unit:
-                item["unit"] = p.unit
-            if with_limits and p.limits:
-                item["limits"] = dict(p.limits)
-            out.append(item)
-        return out
-
-    def _diagnosis_input(self, job: Job) -> dict[str, Any]:
-        return {"asset": self.plc.description[:200] or self.plc.id,
-                "description": f"Diagnosis requested by PLC {self.plc.id} (request "
-                               f"{job.req_seq}); values read over Modbus.",
-                "points": self._points(job, with_limits=True)}
-
-    def _fault_tree_input(self, job: Job) -> dict[str, Any]:
-        ft = self.plc.fault_tree or {}
-        return {"top_event": str(ft.get("top_event", "unplanned stop"))[:300],
-                "system": str(ft.get("system") or self.plc.description or self.plc.id)[:2000],
-                "points": self._points(job, with_limits=False)}
-
-    async def _report(self, job: Job) -> None:
-        """The event (QoS 1) and the retained summary on MQTT."""
-        answers = {}
-        for task, a in job.answers.items():
-            answers[task] = ({"ok": True, "output": a.output, "validation": a.validation}
-                             if a.ok else {"ok": False, "error": {"code": a.code,
-                                                                  "message": a.message},
-                                           "output": a.output, "validation": a.validation})
-        event = {"plc": self.plc.id, "req_seq": job.req_seq, "resumed": job.resumed,
-                 "time": _iso(job.started), "ms": round((time.time() - job.started) * 1000),
-                 "err": job.err, "err_text": ERR_CODES[job.err], "result": job.result,
-                 "snapshot": job.snapshot, **answers}
-        last = {k: event[k] for k in ("plc", "req_seq", "time", "err", "err_text", "result")}
-        diag = job.answers.get("diagnosis")
-        if diag is not None and diag.ok:
-            out = diag.output or {}
-            last["priority"] = out.get("advisory", {}).get("priority")
-            last["actions"] = out.get("advisory", {}).get("actions")
-            last["faults"] = [h.get("fault") for h in out.get("health_assessment", [])]
-        base = f"{self.base}/diag/{self.plc.id}"
-        # the publisher keeps what the broker did not take and sends it after reconnect
-        await self.publish(f"{base}/event", event, False)
-        await self.publish(f"{base}/last", last, True)
-
-    async def _write_retrying(self, writes: list[tuple[int, int]]) -> None:
-        """Write (address, value) pairs, as one request when they are adjacent; retried
-        with backoff until they land (the PLC is waiting for them)."""
-        writes = sorted(writes)
-        delay = self.backoff[0]
-        while True:
-            try:
-                if all(b[0] == a[0] + 1 for a, b in zip(writes, writes[1:], strict=False)):
-                    await self.link.write_registers(writes[0][0], [v for _, v in writes])
-                else:
-                    for addr, value in writes:
-                        await self.link.write_registers(addr, [value])
-                return
-            except ModbusConfigError:
+    async def _try(self, name: str, call: Callable[[], Awaitable[None]],
+                   about: str | None = None) -> bool:
+        """Run ``call`` unless ``name`` waits out its backoff; True when it worked. A reply
+        that fails it is counted, logged once and shown on the link; a failed connection
+        is raised to the loop."""
+        op = self._ops.setdefault(name, _Op())
+        if time.monotonic() < op.next_at:
+            return False
+        try:
+            await call()
+        except ModbusError as e:
+            if e.connection:
                 raise
-            except ModbusError as e:
-                log.warning("PLC %s: handshake write failed, retrying in %.1f s: %s",
-                            self.plc.id, delay, e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff[1])
+            op.failures += 1
+            op.next_at = time.monotonic() + self.retry.delay(op.failures)
+            self.metrics.failed(self.plc.id, name, op.failures)
+            if op.failures == 1:
+                what = f"{name} for {about}" if about else name
+                log.log(logging.WARNING if e.transient else logging.ERROR,
+                        "PLC %s: %s fails, retrying with backoff up to %g s: %s",
+                        self.plc.id, what, self.retry.max_s, e)
+                self.link.set_fault(name, f"{what}: {e}")
+            return False
+        self.metrics.worked(self.plc.id, name)
+        self._settled(name, None)
+        return True
+
+    def _settled(self, name: str, why: str | None) -> None:
+        """``name`` worked (``why`` None) or is no longer wanted: its failures end."""
+        op = self._ops.get(name)
+        if op is None or not op.failures:
+            return
+        if why is None:
+            log.info("PLC %s: %s works again after %d failed attempts", self.plc.id, name,
+                     op.failures)
+        else:
+            log.info("PLC %s: %s %s after %d failed attempts", self.plc.id, name, why,
+                     op.failures)
+        op.failures, op.next_at = 0, 0.0
+        self.metrics.worked(self.plc.id, name)
+        self.link.set_fault(name, None)
 
 
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+def _differs(r: Regs, values: Regs) -> bool:
+    return any(r[name] != value for name, value in values.items())

@@ -159,6 +159,8 @@ class Handshake:
     """The handshake's holding registers (0-based addresses).
 
     ``req`` and ``req_seq`` are written by the PLC; ``ack_seq`` .. ``heartbeat`` by rung.
+    ``watchdog_s`` is how long the PLC program lets ``heartbeat`` stand still before it
+    takes rung for down; rung's retries are paced by it (:attr:`retry_max_s`).
     """
 
     req: int
@@ -171,6 +173,16 @@ class Handshake:
     heartbeat: int
     poll_s: float = 0.2
     heartbeat_s: float = 1.0
+    watchdog_s: float = 5.0
+
+    @property
+    def retry_max_s(self) -> float:
+        """The longest rung waits between two attempts of anything the heartbeat depends on
+        (reconnecting, the handshake read, the heartbeat write), and of its other handshake
+        writes: ``(watchdog_s - heartbeat_s) / 2``. A fault that clears within this long
+        never trips the PLC's watchdog; after a longer one the heartbeat moves again within
+        this long (plus ``timeout_s`` when the PLC is silent rather than refusing)."""
+        return max(self.poll_s, (self.watchdog_s - self.heartbeat_s) / 2)
 
     @property
     def owned(self) -> tuple[int, ...]:
@@ -553,7 +565,14 @@ def _handshake(values: dict[str, Any], key: str) -> Handshake:
         raise _Bad(key, f"the registers span {span} addresses ({min(seen)}..{max(seen)}), "
                    f"more than one read of {TABLES['holding'].max_read}",
                    "keep the eight handshake registers close together")
-    return Handshake(**values)
+    hs = Handshake(**values)
+    least = hs.heartbeat_s + 2 * hs.poll_s
+    if hs.watchdog_s < least:
+        raise _Bad(f"{key}.watchdog_s", f"expected >= {key}.heartbeat_s + 2 x {key}.poll_s "
+                   f"({least:g}), got {hs.watchdog_s:g}",
+                   "the heartbeat moves every heartbeat_s + poll_s at worst; set watchdog_s "
+                   "to the PLC program's heartbeat watchdog (5 s or more is usual)")
+    return hs
 
 
 def _limits(values: dict[str, Any], key: str) -> dict[str, float] | None:
@@ -580,6 +599,10 @@ def _point(v: Any, key: str) -> Point:
         for name in ("scale", "offset", "limits"):
             if name in values:
                 raise _Bad(f"{key}.{name}", "only for numeric types; this point is a bool")
+    if "word_order" in values and spec.words != 2:
+        raise _Bad(f"{key}.word_order", f"only for 32-bit types (int32, uint32, float32), "
+                   f"not {type_} ({'one bit' if table.bits else 'one register'})",
+                   "remove word_order, or give the point its 32-bit type")
     return Point(**values)
 
 
@@ -595,7 +618,7 @@ def _writable(v: Any, key: str) -> tuple[str, int, int, str]:
 
 
 _HANDSHAKE = {name: _int(0, 0xFFFF) for name in _HANDSHAKE_REGISTERS} | {
-    "poll_s": _TIMEOUT, "heartbeat_s": _TIMEOUT}
+    "poll_s": _TIMEOUT, "heartbeat_s": _TIMEOUT, "watchdog_s": _TIMEOUT}
 _LIMITS = {name: _num() for name in LIMIT_KEYS}
 _POINT = {
     "name": _text(64, NAME_PATTERN, "a name of 1..64 letters, digits, '_', '.' or '-'"),

@@ -107,7 +107,8 @@ class Service:
         m = self.cfg.modbus
         return PlcAgent(plc, link, self.scheduler.submit, self._publish_json,
                         self.cfg.mqtt.base_topic, m.job_timeout_s, m.reconnect_min_s,
-                        m.reconnect_max_s)
+                        m.reconnect_max_s, metrics=self.metrics,
+                        state_dir=self.cfg.state_dir / "plc")
 
     def _link_state(self, plc_id: str, state: str, detail: str | None) -> None:
         doc = {"plc": plc_id, "state": state, "detail": detail, "since": _iso(time.time())}

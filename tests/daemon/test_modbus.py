@@ -20,6 +20,7 @@ from rung.daemon.modbus import (
 )
 from rung.daemon.plcsim import Access, SimPlc
 from rung.daemon.regmap import PlcMap, encode_words, parse_map
+from tests.daemon.modbus_proxy import ModbusProxy
 
 T = TypeVar("T")
 
@@ -301,4 +302,138 @@ def test_nothing_listening_is_transient() -> None:
         assert link.state == "disconnected" and link.last_error is not None
         assert states == []   # it never left "disconnected"
         await link.close()
+    run(scenario)
+
+
+# --- faults through a fault-injecting proxy (tests/daemon/modbus_proxy.py) -----------------
+
+async def _proxied(sim: SimPlc, timeout_s: float = 0.5) -> tuple[ModbusProxy, PlcMap]:
+    proxy = ModbusProxy((sim.host, sim.port))
+    await proxy.start()
+    return proxy, plc_map({"kind": "tcp", "host": proxy.host, "port": proxy.port,
+                           "timeout_s": timeout_s})
+
+
+def test_replies_to_one_request_are_not_connection_failures() -> None:
+    async def scenario() -> None:
+        async with SimPlc() as sim:
+            sim.holding[100:116] = list(range(16))
+            proxy, plc = await _proxied(sim)
+            link = Link(plc)
+            try:
+                proxy.inject("exception", 16, range(104, 105), arg=3, times=1)
+                with pytest.raises(ModbusConfigError) as info:
+                    await link.write_registers(104, [4])
+                assert info.value.code == 3 and not info.value.connection
+                await link.write_registers(104, [4])
+                with pytest.raises(ModbusConfigError) as info:
+                    await link.write_registers(100, [1])    # allowlist: never sent
+                assert not info.value.connection
+                proxy.inject("exception", 3, range(100, 116), arg=2, times=1)
+                with pytest.raises(ModbusConfigError) as info:
+                    await link.read("holding", 100, 16)
+                assert info.value.code == 2 and not info.value.connection
+                proxy.inject("short", 3, range(100, 116), arg=1, times=1)
+                with pytest.raises(ModbusConfigError, match="holds 15 values") as info:
+                    await link.read("holding", 100, 16)
+                assert not info.value.connection
+                proxy.inject("exception", 3, range(100, 116), arg=10, times=1)
+                with pytest.raises(ModbusTransientError) as t_info:
+                    await link.read("holding", 100, 16)
+                assert t_info.value.code == 10 and not t_info.value.connection
+                assert link.state == "connected" and proxy.connections == 1
+                assert await link.read("holding", 100, 16) == list(range(16))
+            finally:
+                await link.close()
+                await proxy.pause()
+    run(scenario)
+
+
+@pytest.mark.parametrize("frame", ["tid", "pid", "length", "garbage"])
+def test_bad_frames_are_never_taken_for_an_answer(frame: str) -> None:
+    async def scenario() -> None:
+        async with SimPlc() as sim:
+            sim.holding[100:116] = [0] * 16
+            proxy, plc = await _proxied(sim, timeout_s=0.3)
+            link = Link(plc)
+            try:
+                # a reply that would raise req with req_seq 77 if rung took it
+                proxy.inject(frame, 3, range(100, 116), times=1, values=[1, 77] + [0] * 14)
+                started = time.monotonic()
+                with pytest.raises(ModbusTransientError) as info:
+                    await link.read("holding", 100, 16)
+                assert info.value.connection and time.monotonic() - started < 1.5
+                assert await link.read("holding", 100, 16) == [0] * 16   # a fresh connection
+                assert link.state == "connected"
+            finally:
+                await link.close()
+                await proxy.pause()
+    run(scenario)
+
+
+def test_a_plc_closing_after_each_response_gets_a_connection_per_request() -> None:
+    async def scenario() -> None:
+        states: list[str] = []
+        async with SimPlc() as sim:
+            sim.holding[100:116] = list(range(16))
+            proxy, plc = await _proxied(sim)
+            link = Link(plc, on_state=lambda s, d: states.append(s))
+            try:
+                proxy.inject("close")
+                started = time.monotonic()
+                for i in range(10):   # back to back: each races the PLC's close
+                    assert await link.read("holding", 100, 4) == [0, 1, 2, 3]
+                    await link.write_registers(104, [i])
+                assert time.monotonic() - started < 2   # no request waits for its timeout
+                assert link.per_transaction and states == ["connected"]
+                assert sim.holding[104] == 9
+                seen = proxy.requests()
+                assert len(seen) == 20 and len({s.conn for s in seen}) == 20
+            finally:
+                await link.close()
+                await proxy.pause()
+    run(scenario)
+
+
+def test_a_connection_lost_under_a_request_fails_it_at_once() -> None:
+    async def scenario() -> None:
+        async with SimPlc() as sim:
+            proxy, plc = await _proxied(sim, timeout_s=5)
+            link = Link(plc)
+            try:
+                await link.read("holding", 100, 1)
+                proxy.inject("silent")
+                read = asyncio.ensure_future(link.read("holding", 100, 1))
+                await proxy.until("the silent request", lambda: len(proxy.requests()) == 2, 5)
+                started = time.monotonic()
+                await proxy.pause()
+                with pytest.raises(ModbusTransientError) as info:
+                    await read
+                assert info.value.connection and time.monotonic() - started < 1
+                assert link.state == "disconnected"
+            finally:
+                await link.close()
+                await proxy.pause()
+    run(scenario)
+
+
+def test_set_fault_shows_degraded_while_connected() -> None:
+    async def scenario() -> None:
+        shown: list[tuple[str, str | None]] = []
+        async with SimPlc() as sim:
+            link = Link(tcp_map(sim), on_state=lambda s, d: shown.append((s, d)))
+            try:
+                link.set_fault("answer write", "refused")
+                assert shown == []                       # not connected: nothing to add
+                await link.read("holding", 0, 1)
+                assert shown == [("degraded", "answer write: refused")]
+                link.set_fault("heartbeat write", "refused too")
+                link.set_fault("answer write", None)
+                link.set_fault("heartbeat write", None)
+                assert [s for s, _ in shown] == ["degraded", "degraded", "degraded",
+                                                 "connected"]
+                assert shown[-2] == ("degraded", "heartbeat write: refused too")
+                assert link.state == "connected"
+            finally:
+                await link.close()
     run(scenario)

@@ -45,7 +45,7 @@ def _plant(plc: PlcThread) -> None:
 
 
 @pytest.fixture
-def plant(tmp_path: Path, edge_engine: Path  # noqa: F811
+def plant(tmp_path: Path, edge_engine: Path
           ) -> Iterator[tuple[PlcThread, Broker, Daemon, Requester]]:
     plc = PlcThread()
     _plant(plc)
@@ -219,7 +219,7 @@ def test_withdrawn_request_after_a_crash_clears_busy(
     assert plc.regs[DONE] == 0 and not _events(watcher, "/diag/press1/event")
 
 
-def test_two_maps_with_one_id_are_refused(tmp_path: Path, edge_engine: Path  # noqa: F811
+def test_two_maps_with_one_id_are_refused(tmp_path: Path, edge_engine: Path
                                           ) -> None:
     from tests.daemon.test_serve import rung_cli
 

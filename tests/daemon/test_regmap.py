@@ -254,11 +254,30 @@ BAD_MAPS: list[tuple[dict[str, Any], str | None]] = [
     (_map(handshake__heartbeat=400), "handshake: the registers span 301 addresses"),
     (_map(handshake__req=-1), "handshake.req: expected an integer 0..65535"),
     (_map(handshake__poll_s=0), "handshake.poll_s: expected a number > 0"),
+    (_map(handshake__watchdog_s=0), "handshake.watchdog_s: expected a number > 0"),
+    (_map(handshake__watchdog_s=1),
+     "handshake.watchdog_s: expected >= handshake.heartbeat_s + 2 x handshake.poll_s (1.4), "
+     "got 1"),
+    (_map(handshake__watchdog_s=1, handshake__heartbeat_s=0.5, handshake__poll_s=0.25), None),
     (_map(points=[]), "points: expected a list of 1..100 points"),
     (_map(points=[{"name": f"p{i}", "table": "holding", "address": i} for i in range(101)]),
      "points: expected a list of 1..100 points"),
     (_map(points__1__word_order="ABDC"),
      "p1.yaml: points[1].word_order: expected one of ABCD, CDAB, BADC, DCBA, got 'ABDC'"),
+    (_map(points__0__word_order="CDAB"),
+     "p1.yaml: points[0].word_order: only for 32-bit types (int32, uint32, float32), not "
+     "int16 (one register)"),
+    (_map(points__0__type="uint16", points__0__word_order="ABCD"),
+     "points[0].word_order: only for 32-bit types (int32, uint32, float32), not uint16 "
+     "(one register)"),
+    (_map(points__0__type="bool", points__0__scale=DELETE, points__0__limits=DELETE,
+          points__0__word_order="DCBA"),
+     "points[0].word_order: only for 32-bit types (int32, uint32, float32), not bool "
+     "(one register)"),
+    (_map(points__2__word_order="ABCD"),
+     "points[2].word_order: only for 32-bit types (int32, uint32, float32), not bool "
+     "(one bit)"),
+    (_map(points__0__type="int32", points__0__word_order="CDAB"), None),
     (_map(points__0__table="holdings"), "points[0].table: expected one of coil, discrete"),
     (_map(points__0__type="float64"), "points[0].type: expected one of bool, int16"),
     (_map(points__2__type="int16"), "points[2].type: the coil table holds single bits"),
@@ -344,3 +363,18 @@ def test_read_span_of_a_hand_made_wide_handshake() -> None:
     wide = Handshake(**{**HANDSHAKE, "heartbeat": 300})
     with pytest.raises(RegisterMapError, match="span 201"):
         wide.read_span()
+
+
+def test_retry_max_follows_the_plc_watchdog() -> None:
+    assert Handshake(**HANDSHAKE).retry_max_s == 2.0      # (5 - 1) / 2 with the defaults
+    fast = parse_map(_map(handshake={**HANDSHAKE, "poll_s": 0.05, "heartbeat_s": 0.2,
+                                     "watchdog_s": 1.5}), SOURCE)
+    assert fast.handshake.retry_max_s == pytest.approx(0.65)
+    hand_made = Handshake(**HANDSHAKE, poll_s=0.5, heartbeat_s=1.0, watchdog_s=1.5)
+    assert hand_made.retry_max_s == 0.5                   # never below poll_s
+
+
+def test_word_order_refusal_has_a_hint() -> None:
+    with pytest.raises(RegisterMapError) as e:
+        parse_map(_map(points__2__word_order="ABCD"), SOURCE)
+    assert e.value.hint == "remove word_order, or give the point its 32-bit type"
