@@ -92,6 +92,12 @@ def _generate_parser(sub: Any) -> None:
     p.add_argument("--kv-cache-mb", type=float, default=2048,
                    help="disk budget of --kv-cache DIR in MiB (least recently used go first)")
     p.add_argument("--session", help="continue a conversation kept in --kv-cache DIR")
+    p.add_argument("--plcopen", type=Path, metavar="FILE",
+                   help="with --task st_code: also write the answer's POU as a PLCopen TC6 "
+                   "XML 2.01 project to FILE (only when the answer is ok)")
+    p.add_argument("--st-edition", type=int, choices=[2, 3], default=3,
+                   help="IEC 61131-3 edition of the --plcopen body: 3 (default; CODESYS, "
+                   "TwinCAT) or 2 (Beremiz, OpenPLC: // comments become (* *))")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -189,6 +195,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     if args.max_tokens is not None and args.max_tokens < 1:
         raise GenerationError("--max-tokens must be at least 1")
+    if args.plcopen is not None and args.task is None:
+        raise RungError("--plcopen writes the POU of a task's answer", "use --task st_code")
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             seed=args.seed, max_tokens=args.max_tokens or 128,
                             stop=tuple(args.stop))
@@ -311,7 +319,12 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
         data = json.loads(args.input)
     except json.JSONDecodeError as e:
         raise TaskError(f"--input is not valid JSON ({e})") from e
-    runner = TaskRunner(engine, tok, load_tasks(args.tasks), args.engine_dir, prefix=prefix)
+    tasks = load_tasks(args.tasks)
+    task = tasks.get(args.task)
+    if args.plcopen is not None and task is not None and "st" not in task.validators:
+        raise TaskError(f"--plcopen: task {args.task} does not answer with a POU",
+                        "use --task st_code")
+    runner = TaskRunner(engine, tok, tasks, args.engine_dir, prefix=prefix)
     (r,) = runner.run([(args.task, data)], params, args.max_tokens)
     g = r.generation
     doc = {"task": r.task, "ok": r.ok,
@@ -338,8 +351,29 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
             print(pou)
     if r.error is not None:
         print(f"rung: error: {r.error['code']}: {r.error['message']}", file=sys.stderr)
+        if args.plcopen is not None:
+            print(f"rung: {args.plcopen} not written: the answer is not ok", file=sys.stderr)
         return 1
+    if args.plcopen is not None:
+        _write_plcopen(args.plcopen, r.output, args.st_edition, quiet=args.json)
     return 0
+
+
+def _write_plcopen(path: Path, pou: Any, edition: int, quiet: bool) -> None:
+    """The POU as a PLCopen XML file, replaced atomically."""
+    from rung.daemon.plcopen import to_plcopen_xml
+
+    text = to_plcopen_xml(pou, edition)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RungError(f"{path}: cannot write the PLCopen file ({e.strerror})") from e
+    if not quiet:
+        print(f"rung: wrote {path} (PLCopen TC6 XML 2.01, IEC 61131-3 edition {edition})",
+              file=sys.stderr)
 
 
 def run_demo(args: argparse.Namespace) -> int:

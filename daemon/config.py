@@ -127,6 +127,24 @@ class JournalConfig:
 
 
 @dataclass(frozen=True)
+class SparkplugConfig:
+    """rung as a Sparkplug B edge node (its own client on the ``mqtt`` broker)."""
+
+    enabled: bool = False
+    group_id: str | None = None          # required when enabled
+    edge_node_id: str | None = None      # default: mqtt.client_id
+    client_id: str | None = None         # default: mqtt.client_id + "-spb"
+    primary_host_id: str | None = None   # wait for this host's STATE before the births
+
+
+@dataclass(frozen=True)
+class StConfig:
+    """Structured Text answers: the IEC 61131-3 edition of PLCopen XML files."""
+
+    edition: int = 3   # 2: comments as (* *) for matiec (Beremiz, OpenPLC)
+
+
+@dataclass(frozen=True)
 class ModbusConfig:
     """Links to PLCs (the maps are ``plcs``): reconnect backoff, job deadline."""
 
@@ -154,6 +172,8 @@ class Config:
     journal: JournalConfig
     log: LogConfig
     modbus: ModbusConfig
+    sparkplug: SparkplugConfig
+    st: StConfig
     state_dir: Path
     tasks_dir: Path | None  # None = the built-in tasks
     plcs: tuple[Path, ...]  # Modbus register-map files, checked to exist
@@ -424,6 +444,25 @@ def _password(v: Any, key: str, ctx: _Ctx) -> str:
     return v
 
 
+_SPB_ID = "a Sparkplug id: one topic level without + # / or control characters"
+
+
+def _sparkplug_id(s: str) -> bool:
+    return topic_problem(s, level=True) is None
+
+
+def _edition(v: Any, key: str, ctx: _Ctx) -> int:
+    if isinstance(v, bool) or v not in (2, 3):
+        raise _Mismatch
+    return int(v)
+
+
+def _check_sparkplug(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+    if values.get("enabled") and not values.get("group_id"):
+        raise _Invalid(f"{key}.group_id", f"required when {key}.enabled is true",
+                       "name the Sparkplug group the SCADA host subscribes to")
+
+
 _TLS = {"ca_file": _path("file", credential=True, nullable=True),
         "cert_file": _path("file", credential=True, nullable=True),
         "key_file": _path("file", credential=True, nullable=True),
@@ -473,6 +512,15 @@ _TOP = {
                                                              what="one year"),
                                         "max_attempts": _int(1, 100)}),
     "log": _section(LogConfig, {"level": _choice("debug", "info", "warning", "error")}),
+    "sparkplug": _section(SparkplugConfig, {
+        "enabled": _Key(_bool, "true or false"),
+        "group_id": _str(_sparkplug_id, _SPB_ID, nullable=True),
+        "edge_node_id": _str(_sparkplug_id, _SPB_ID, nullable=True),
+        "client_id": _str(lambda s: text_problem(s) is None and 0 < len(s.encode()) <= 65535,
+                          "a client id without control characters", nullable=True),
+        "primary_host_id": _str(_sparkplug_id, _SPB_ID, nullable=True)},
+        check=_check_sparkplug),
+    "st": _section(StConfig, {"edition": _Key(_edition, "2 or 3")}),
     "modbus": _section(ModbusConfig, {"reconnect_min_s": _num(0, DAY_S, strict=True,
                                                               what="one day"),
                                       "reconnect_max_s": _num(0, DAY_S, strict=True,
@@ -485,7 +533,8 @@ _TOP = {
     "plcs": _Key(_plcs, "a list of register-map file paths"),
 }
 _TOP_DEFAULTS: dict[str, Any] = {"engine": {}, "mqtt": {}, "queue": {}, "metrics": {}, "kv": {},
-                                 "journal": {}, "log": {}, "modbus": {},
+                                 "journal": {}, "log": {}, "modbus": {}, "sparkplug": {},
+                                 "st": {},
                                  "state_dir": "/var/lib/rung",
                                  "tasks_dir": None, "plcs": []}
 

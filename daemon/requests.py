@@ -19,7 +19,9 @@ from rung.daemon.journal import Entry
 from rung.daemon.topics import surrogate_path, text_problem, topic_problem
 
 _FIELDS = {"input", "id", "reply_to", "client", "session", "max_tokens", "temperature",
-           "seed", "top_p", "top_k"}
+           "seed", "top_p", "top_k", "output_formats"}
+# extra forms of an answer a request may ask for, and the validator its task must have
+OUTPUT_FORMATS = {"plcopen_xml": "st"}
 _MAX_ID = 256
 _MAX_MESSAGE = 500
 
@@ -50,6 +52,7 @@ class Request:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    output_formats: tuple[str, ...] = ()   # extra forms of the answer (OUTPUT_FORMATS)
     # set by adapters that are not answered over MQTT (Modbus jobs): gets the scheduler's
     # Answer instead of the journal and the outbox
     on_answer: Callable[[Any], object] | None = field(default=None, compare=False,
@@ -133,6 +136,11 @@ def _type_error(doc: Mapping[str, Any]) -> str | None:
         return "missing field 'input' (the task's input object)"
     if not isinstance(doc["input"], dict):
         return "'input' must be a JSON object"
+    formats = doc.get("output_formats")
+    if formats is not None and (not isinstance(formats, list) or any(
+            not isinstance(f, str) or f not in OUTPUT_FORMATS for f in formats)):
+        return (f"'output_formats' must be a list of {', '.join(sorted(OUTPUT_FORMATS))}, "
+                f"got {formats!r}")[:300]
     where = surrogate_path(doc["input"], "input")
     if where is not None:
         return (f"'{where}' holds a lone surrogate (a \\uD800-\\uDFFF escape without its "
@@ -198,6 +206,11 @@ def parse(entry: Entry, base: str, client_id: str, tasks: Mapping[str, Any],
     if not task or "/" in task or task not in tasks:
         return fail("unknown_task", f"no task named {task!r} (known: "
                     f"{', '.join(sorted(tasks))})", doc)
+    formats = doc.get("output_formats") or []
+    for f in formats:
+        if OUTPUT_FORMATS[f] not in getattr(tasks[task], "validators", ()):
+            return fail("bad_request", f"'output_formats': {f} is not offered for task "
+                        f"{task!r}", doc)
     deadline = entry.received + timeout_s
     if entry.expires is not None:
         deadline = min(deadline, entry.expires)
@@ -207,7 +220,7 @@ def parse(entry: Entry, base: str, client_id: str, tasks: Mapping[str, Any],
         deadline=deadline, session=doc.get("session"), max_tokens=doc.get("max_tokens"),
         temperature=float(doc.get("temperature") or 0.0),
         top_p=float(doc.get("top_p") or 1.0), top_k=int(doc.get("top_k") or 0),
-        seed=doc.get("seed"))
+        seed=doc.get("seed"), output_formats=tuple(dict.fromkeys(formats)))
 
 
 def error_response(reply: Address, task: str | None, code: str, message: str,
@@ -221,7 +234,8 @@ def error_response(reply: Address, task: str | None, code: str, message: str,
 
 
 def ok_response(reply: Address, task: str, output: Any, validation: Any,
-                usage: Mapping[str, Any]) -> bytes:
+                usage: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> bytes:
+    """The answer form; ``extra`` adds fields (``output_formats``)."""
     return json.dumps({"id": reply.id, "task": task, "ok": True, "output": output,
-                       "validation": validation, "usage": dict(usage)},
+                       "validation": validation, "usage": dict(usage), **(extra or {})},
                       ensure_ascii=False).encode("utf-8", "backslashreplace")

@@ -18,7 +18,7 @@ import time
 from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rung.daemon import requests as rq
 from rung.daemon.config import Config, ConfigError
@@ -32,6 +32,10 @@ from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
 from rung.daemon.task_runner import TaskRunner
 from rung.daemon.topics import topic_problem
+from rung.engines.errors import RungError
+
+if TYPE_CHECKING:
+    from rung.daemon.sparkplug_link import SparkplugLink
 
 log = logging.getLogger("rung.serve")
 VERSION = "0.1.0"
@@ -77,9 +81,11 @@ class Service:
         self.link = MQTTLink(cfg.mqtt, self._on_message, self._birth, self._on_connect,
                              self.metrics)
         self._links: dict[str, dict[str, Any]] = {}   # PLC link states, retained on MQTT
+        self._plc_up: dict[str, bool] = {}
         self._spawned: set[asyncio.Task[Any]] = set()
         self._held: list[tuple[str, bytes, bool]] = []
         self.agents = [self._agent(path) for path in cfg.plcs]
+        self.sparkplug = self._sparkplug() if cfg.sparkplug.enabled else None
         ids = [a.plc.id for a in self.agents]
         dup = next((i for i in ids if ids.count(i) > 1), None)
         if dup is not None:
@@ -105,12 +111,37 @@ class Service:
         plc = load_map(path)
         link = Link(plc, on_state=lambda state, detail: self._link_state(plc.id, state, detail))
         m = self.cfg.modbus
-        return PlcAgent(plc, link, self.scheduler.submit, self._publish_json,
+
+        async def publish(topic: str, doc: dict[str, Any], retain: bool) -> bool:
+            if self.sparkplug is not None and topic.endswith("/event"):
+                self.sparkplug.diagnosis(plc.id, doc)
+            return await self._publish_json(topic, doc, retain)
+
+        return PlcAgent(plc, link, self.scheduler.submit, publish,
                         self.cfg.mqtt.base_topic, m.job_timeout_s, m.reconnect_min_s,
                         m.reconnect_max_s, metrics=self.metrics,
                         state_dir=self.cfg.state_dir / "plc")
 
+    def _sparkplug(self) -> SparkplugLink:
+        """The Sparkplug B edge node: each PLC a device (its own MQTT client)."""
+        from rung.daemon.sparkplug import EdgeNode
+        from rung.daemon.sparkplug_link import SparkplugLink
+        from rung.daemon.sparkplug_metrics import Device
+
+        s, m = self.cfg.sparkplug, self.runner.engine.manifest
+        node = EdgeNode(s.group_id or "", s.edge_node_id or self.cfg.mqtt.client_id,
+                        [Device.from_map(a.plc) for a in self.agents],
+                        node_info={"Version": VERSION, "Engine": m.engine_id},
+                        primary_host_id=s.primary_host_id,
+                        bd_seq_path=self.cfg.state_dir / "sparkplug-bdseq")
+        return SparkplugLink(node, self.cfg.mqtt,
+                             s.client_id or f"{self.cfg.mqtt.client_id}-spb")
+
     def _link_state(self, plc_id: str, state: str, detail: str | None) -> None:
+        up = state in ("connected", "degraded")   # the PLC answers
+        if self.sparkplug is not None and self._plc_up.get(plc_id) != up:
+            self.sparkplug.plc_link(plc_id, up=up)   # DBIRTH / DDEATH on a change only
+        self._plc_up[plc_id] = up
         doc = {"plc": plc_id, "state": state, "detail": detail, "since": _iso(time.time())}
         self._links[plc_id] = doc
         log.info("plc link", extra={"rung_fields": doc})
@@ -254,7 +285,8 @@ class Service:
                                              "cached_tokens", "ttft_ms")}
         usage["total_ms"] = round((time.time() - req.received) * 1000, 1)
         if a.ok:
-            payload = rq.ok_response(req.reply, req.task, a.output, a.validation, usage)
+            payload = rq.ok_response(req.reply, req.task, a.output, a.validation, usage,
+                                     self._formats(req, a.output))
             self._record(req.seq, req.reply, payload)
             log.info("answered", extra={"rung_fields": {
                 "seq": req.seq, "task": req.task, "ok": True, "id": req.reply.id,
@@ -269,6 +301,18 @@ class Service:
             self._publish_answer(req.seq, req.reply, req.task, a.code or "internal",
                                  a.message, req.received, extra, req.session)
         self._observe(a)
+
+    def _formats(self, req: rq.Request, output: Any) -> dict[str, Any] | None:
+        """The extra forms of an answer the request asked for (``output_formats``)."""
+        if "plcopen_xml" not in req.output_formats:
+            return None
+        from rung.daemon.plcopen import to_plcopen_xml
+
+        try:
+            xml = to_plcopen_xml(output, self.cfg.st.edition)
+        except RungError as e:   # the answer stands; the extra form says why it is missing
+            return {"output_formats": {"plcopen_xml": None, "error": e.message}}
+        return {"output_formats": {"plcopen_xml": xml}}
 
     def _observe(self, a: Answer) -> None:
         req, u = a.request, a.usage
@@ -418,6 +462,8 @@ class Service:
         tasks = [engine_loop, loop.create_task(self._outbox(), name="outbox"),
                  self._link_task]
         tasks += [loop.create_task(a.run(), name=f"plc-{a.plc.id}") for a in self.agents]
+        spb = (loop.create_task(self.sparkplug.run(), name="sparkplug")
+               if self.sparkplug is not None else None)
         if self.cfg.metrics.port:
             self.metrics.serve(self.cfg.metrics.port, self.cfg.metrics.host)
         self._wake_outbox()
@@ -435,6 +481,12 @@ class Service:
         await self._stopping.wait()
         status.cancel()   # the stopping status must stay visible
         await self.shutdown()
+        if spb is not None:
+            try:   # the node publishes its NDEATH and disconnects
+                await asyncio.wait_for(asyncio.shield(spb), 5)
+            except TimeoutError:
+                log.warning("Sparkplug link did not close in 5 s")
+            tasks.append(spb)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -486,6 +538,8 @@ class Service:
                 await asyncio.wait_for(self._outbox_idle.wait(), 5)
             except TimeoutError:
                 log.warning("answers still unpublished at shutdown: sent after the restart")
+        if self.sparkplug is not None:   # NDEATH, then DISCONNECT
+            self.sparkplug.stop()
         self.link.stop()
         if self._link_task is not None:
             try:   # the link says offline and disconnects

@@ -115,12 +115,14 @@ def map_doc(plc_id: str = "press1", port: int = 0, **handshake: Any) -> dict[str
 
 @pytest.fixture
 def rig_factory(tmp_path: Path, edge_engine: Path) -> Iterator[Callable[..., Rig]]:
-    """``rig_factory(extra_maps=[...], modbus={...})`` -> a started :class:`Rig`. The
+    """``rig_factory(extra_maps=[...], config={section: {...}}, **modbus)`` -> a started
+    :class:`Rig`. The
     press1 map always comes first; ``extra_maps`` are further map documents (their
     ``transport.port`` is set to the proxy's)."""
     made: list[Rig] = []
 
-    def make(extra_maps: tuple[dict[str, Any], ...] = (), **modbus: Any) -> Rig:
+    def make(extra_maps: tuple[dict[str, Any], ...] = (),
+             config: dict[str, Any] | None = None, **modbus: Any) -> Rig:
         plc = PlcThread()
         _plant(plc)
         proxy = ModbusProxy((plc.sim.host, plc.sim.port))
@@ -136,7 +138,8 @@ def rig_factory(tmp_path: Path, edge_engine: Path) -> Iterator[Callable[..., Rig
         broker.start()
         daemon = Daemon(write_config(tmp_path, edge_engine, broker.port,
                                      plcs=[str(p) for p in maps],
-                                     modbus={"reconnect_min_s": 0.1, **modbus}))
+                                     modbus={"reconnect_min_s": 0.1, **modbus},
+                                     **(config or {})))
         watcher = Requester(broker.port, topics=(f"{BASE}/diag/#", f"{BASE}/plc/#"))
         rig = Rig(plc, proxy, broker, daemon, watcher, maps)
         made.append(rig)
