@@ -138,6 +138,16 @@ class SparkplugConfig:
 
 
 @dataclass(frozen=True)
+class RetriesConfig:
+    """Verified retries of answers that fail validation (``task_runner.RetryPolicy``)."""
+
+    attempts: int = 3            # tries per request, the first included (1: no retry)
+    budget_s: float = 60.0       # no retry starts later than this after the first try
+    temperature: float = 0.7     # a greedy request's retries are sampled at this
+    per_task: Mapping[str, int] = field(default_factory=dict)   # task name -> attempts
+
+
+@dataclass(frozen=True)
 class StConfig:
     """Structured Text answers: the IEC 61131-3 edition of PLCopen XML files."""
 
@@ -174,6 +184,7 @@ class Config:
     modbus: ModbusConfig
     sparkplug: SparkplugConfig
     st: StConfig
+    retries: RetriesConfig
     state_dir: Path
     tasks_dir: Path | None  # None = the built-in tasks
     plcs: tuple[Path, ...]  # Modbus register-map files, checked to exist
@@ -457,6 +468,20 @@ def _edition(v: Any, key: str, ctx: _Ctx) -> int:
     return int(v)
 
 
+def _per_task(v: Any, key: str, ctx: _Ctx) -> dict[str, int]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise _Mismatch
+    out = {}
+    for name, n in v.items():
+        if not isinstance(name, str) or isinstance(n, bool) or not isinstance(n, int) \
+                or not 1 <= n <= 10:
+            raise _Invalid(f"{key}.{name}", f"expected attempts 1..10, got {_show(n)}")
+        out[name] = n
+    return out
+
+
 def _check_sparkplug(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
     if values.get("enabled") and not values.get("group_id"):
         raise _Invalid(f"{key}.group_id", f"required when {key}.enabled is true",
@@ -521,6 +546,10 @@ _TOP = {
         "primary_host_id": _str(_sparkplug_id, _SPB_ID, nullable=True)},
         check=_check_sparkplug),
     "st": _section(StConfig, {"edition": _Key(_edition, "2 or 3")}),
+    "retries": _section(RetriesConfig, {
+        "attempts": _int(1, 10), "budget_s": _num(0, YEAR_S, what="one year"),
+        "temperature": _num(0, 2, strict=True),
+        "per_task": _Key(_per_task, "a mapping of task name to attempts 1..10")}),
     "modbus": _section(ModbusConfig, {"reconnect_min_s": _num(0, DAY_S, strict=True,
                                                               what="one day"),
                                       "reconnect_max_s": _num(0, DAY_S, strict=True,
@@ -534,7 +563,7 @@ _TOP = {
 }
 _TOP_DEFAULTS: dict[str, Any] = {"engine": {}, "mqtt": {}, "queue": {}, "metrics": {}, "kv": {},
                                  "journal": {}, "log": {}, "modbus": {}, "sparkplug": {},
-                                 "st": {},
+                                 "st": {}, "retries": {},
                                  "state_dir": "/var/lib/rung",
                                  "tasks_dir": None, "plcs": []}
 

@@ -88,6 +88,12 @@ class Metrics:
                                          registry=r)
         self.dead_letters = Counter("rung_answers_dead_lettered", "Answers the broker kept "
                                     "refusing, given up on (journal state dead)", registry=r)
+        self.attempts = Counter("rung_answer_attempts", "Tries of requests that reached the "
+                                "model (verified retries included), by task", ["task"],
+                                registry=r)
+        self.check_failures = Counter("rung_validation_failures", "Tries whose answer failed "
+                                      "a check, by task and the first failed check",
+                                      ["task", "check"], registry=r)
         self.quarantined = Counter("rung_requests_quarantined", "Requests answered internal "
                                    "after they were in flight at too many daemon deaths",
                                    registry=r)
@@ -167,6 +173,13 @@ class Metrics:
     def set_journal_pending(self, n: int) -> None:
         """Journal entries received but not yet answered."""
         self.journal_pending.set(n)
+
+    def observe_attempts(self, task: str, attempts: int, failed: tuple[str, ...]) -> None:
+        """A request's tries, and the first failed check of each failed one."""
+        t = self._label("task", task)
+        self.attempts.labels(task=t).inc(attempts)
+        for check in failed:
+            self.check_failures.labels(task=t, check=check).inc()
 
     def set_storage(self, ok: bool) -> None:
         """Whether the journal can write in ``state_dir`` (0: requests are refused

@@ -99,7 +99,6 @@ class PlcAgent:
         self.answer: Answered | None = self.store.load() if self.store else None
         self.job: Job | None = None                  # the request taken, not yet answered
         self.task: asyncio.Task[None] | None = None  # its run, once acknowledged
-        self.jobs_done = 0
         self.heartbeat = 0
         self.serving = False   # the last cycle read the handshake
         self._next_beat = 0.0
@@ -258,7 +257,6 @@ class PlcAgent:
         """Run the request once, keep its answer, publish it, hand it to the loop."""
         answered = await self.diagnoser.run(job)
         self.metrics.job(self.plc.id, answered.err)
-        self.jobs_done += 1
         if self.store is not None:
             self.store.save(answered)
         await self._publish(answered)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rung.daemon.requests import Request
-from rung.daemon.task_runner import Prepared, TaskResult, TaskRunner
+from rung.daemon.task_runner import Prepared, RetryPolicy, TaskResult, TaskRunner
 from rung.engines.errors import RungError
 from rung.engines.grammar import Constraint
 from rung.engines.sampler import SamplingParams
@@ -45,6 +45,8 @@ class Answer:
     output: Any = None
     validation: Any = None
     usage: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 1
+    failed_checks: tuple[str, ...] = ()
 
 
 AnswerFn = Callable[[Answer], None]
@@ -70,8 +72,10 @@ class Scheduler:
     def __init__(self, runner: TaskRunner, answer: AnswerFn, max_pending: int,
                  max_batch: int = 1, stuck_after_s: float = 600.0,
                  make_decoder: Callable[[int], Decoder] | None = None,
-                 on_start: Callable[[Request], object] | None = None) -> None:
+                 on_start: Callable[[Request], object] | None = None,
+                 retry: RetryPolicy | None = None) -> None:
         self.runner, self.answer = runner, answer
+        self.retry = retry            # verified retries of answers that fail validation
         self.on_start = on_start      # told before the model starts on a request
         self.max_pending, self.max_batch = max_pending, max_batch
         self.stuck_after_s = stuck_after_s
@@ -186,8 +190,25 @@ class Scheduler:
             return results + self._fail_inflight(f"{type(e).__name__}: {e}")
         for tag, gen in done:
             req, prepared = self._inflight.pop(tag)
-            results.append((req, self.runner.finish(prepared, gen)))
+            res = self.runner.finish(prepared, gen)
+            if not (self.retry is not None and self.retry.allows(prepared, res)
+                    and self._again(req, prepared, res)):
+                results.append((req, res))
         return results
+
+    def _again(self, req: Request, prepared: Prepared, failed: TaskResult) -> bool:
+        """Start the next attempt in the row the failed one just left; False when it
+        cannot start (the failed answer stands)."""
+        assert self.retry is not None
+        try:
+            again = self.runner.retry(prepared, self.retry, failed)
+            tag = next(self._tags)
+            self.decoder.add(tag, again.ids, again.params, again.constraint)
+        except Exception:
+            log.exception("request %d: the retry could not start", req.seq)
+            return False
+        self._inflight[tag] = (req, again)
+        return True
 
     def _start(self, req: Request) -> TaskResult | None:
         """Prepare a request and put it in a free row; its answer when it cannot run."""
@@ -265,7 +286,9 @@ def _answer(req: Request, res: TaskResult) -> Answer:
                  "decode_tok_s": round(g.decode_tok_s, 1),
                  "ffn_skip_ratio": g.ffn_skip_ratio}
     if res.ok:
-        return Answer(req, True, output=res.output, validation=res.validation, usage=usage)
+        return Answer(req, True, output=res.output, validation=res.validation, usage=usage,
+                      attempts=res.attempts, failed_checks=res.failed_checks)
     err = res.error or {"code": "internal", "message": "no result"}
     return Answer(req, False, err["code"], err["message"], output=res.output,
-                  validation=res.validation, usage=usage)
+                  validation=res.validation, usage=usage, attempts=res.attempts,
+                  failed_checks=res.failed_checks)

@@ -30,7 +30,7 @@ from rung.daemon.plc import PlcAgent
 from rung.daemon.regmap import load_map
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
-from rung.daemon.task_runner import TaskRunner
+from rung.daemon.task_runner import RetryPolicy, TaskRunner
 from rung.daemon.topics import topic_problem
 from rung.engines.errors import RungError
 
@@ -74,10 +74,17 @@ class Service:
         self.journal = Journal(cfg.state_dir / "journal.db", cfg.journal.retention_s)
         if self.journal.wal_damage is not None:
             self.metrics.journal_wal_damaged.set(1)
+        r = cfg.retries
+        unknown = sorted(set(r.per_task) - set(runner.tasks))
+        if unknown:
+            raise ConfigError(f"retries.per_task.{unknown[0]}: no task named {unknown[0]!r}",
+                              f"tasks: {', '.join(sorted(runner.tasks))}")
         self.scheduler = Scheduler(runner, self._answer, cfg.queue.max_pending,
                                    cfg.engine.max_batch,
                                    stuck_after_s=max(120.0, 2 * cfg.queue.request_timeout_s),
-                                   on_start=self._started)
+                                   on_start=self._started,
+                                   retry=RetryPolicy(r.attempts, r.budget_s, r.temperature,
+                                                     dict(r.per_task)))
         self.link = MQTTLink(cfg.mqtt, self._on_message, self._birth, self._on_connect,
                              self.metrics)
         self._links: dict[str, dict[str, Any]] = {}   # PLC link states, retained on MQTT
@@ -286,7 +293,8 @@ class Service:
         usage["total_ms"] = round((time.time() - req.received) * 1000, 1)
         if a.ok:
             payload = rq.ok_response(req.reply, req.task, a.output, a.validation, usage,
-                                     self._formats(req, a.output))
+                                     {"attempts": a.attempts, **(self._formats(req, a.output)
+                                                                 or {})})
             self._record(req.seq, req.reply, payload)
             log.info("answered", extra={"rung_fields": {
                 "seq": req.seq, "task": req.task, "ok": True, "id": req.reply.id,
@@ -298,6 +306,7 @@ class Service:
                                      if a.code == "invalid_output" else {})
             if a.usage:   # it reached the model (truncated, invalid_output, internal)
                 extra["usage"] = usage
+                extra["attempts"] = a.attempts
             self._publish_answer(req.seq, req.reply, req.task, a.code or "internal",
                                  a.message, req.received, extra, req.session)
         self._observe(a)
@@ -317,6 +326,8 @@ class Service:
     def _observe(self, a: Answer) -> None:
         req, u = a.request, a.usage
         ttft = u.get("ttft_ms")
+        if a.usage:
+            self.metrics.observe_attempts(req.task, a.attempts, a.failed_checks)
         self.metrics.observe_request(
             req.task, "ok" if a.ok else (a.code or "internal"),
             total_s=time.time() - req.received,

@@ -7,11 +7,13 @@ the contract's error codes (``bad_request``, ``unknown_task``, ``too_long``, ``t
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rung.daemon import shaping
 from rung.daemon.tasks import Task, TaskError
 from rung.daemon.validate import validate_output
 from rung.engines import AnyEngine
@@ -32,6 +34,8 @@ class TaskResult:
     validation: dict[str, Any] | None
     error: dict[str, str] | None
     generation: Generation | None
+    attempts: int = 1         # tries it took (verified retries)
+    failed_checks: tuple[str, ...] = ()   # the first failing check of each failed try
 
 
 @dataclass
@@ -40,9 +44,32 @@ class Prepared:
 
     task: Task
     data: Any
-    ids: list[int]
+    ids: list[int]            # prompt, then the computed start of the answer
     constraint: Constraint
     params: SamplingParams
+    prefix: str = ""          # the answer's start that code computed (in ``ids``)
+    grammar_ms: float = 0.0   # building this request's grammar and matcher
+    attempt: int = 1          # 1 = the first try; a verified retry counts on
+    started: float = field(default_factory=time.monotonic)   # the first try's start
+    failed_checks: tuple[str, ...] = ()   # of the tries before this one
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Verified retries: an answer that fails validation is tried again, resampled with
+    another seed, up to ``attempts`` tries in all (per task: ``per_task``), as long as no
+    more than ``budget_s`` have passed since the first try started. Fail-closed after the
+    last: ``invalid_output`` with the last findings."""
+
+    attempts: int = 3
+    budget_s: float = 60.0
+    temperature: float = 0.7       # a greedy request is resampled at this temperature
+    per_task: Mapping[str, int] = field(default_factory=dict)
+
+    def allows(self, prepared: Prepared, result: TaskResult) -> bool:
+        return (not result.ok and (result.error or {}).get("code") == "invalid_output"
+                and prepared.attempt < self.per_task.get(prepared.task.name, self.attempts)
+                and time.monotonic() - prepared.started < self.budget_s)
 
 
 def _fail(task: str, code: str, message: str,
@@ -55,9 +82,13 @@ class TaskRunner:
     a schema that cannot be enforced stops the start, it is never served unconstrained)."""
 
     def __init__(self, engine: AnyEngine, tokenizer: Tokenizer, tasks: Mapping[str, Task],
-                 engine_dir: Path, prefix: PrefixCache | None = None) -> None:
+                 engine_dir: Path, prefix: PrefixCache | None = None,
+                 shaped: bool = True) -> None:
+        """``shaped``: narrow each request's grammar and compute what code can
+        (``shaping``); off only to measure what that buys."""
         self.engine, self.tokenizer, self.tasks = engine, tokenizer, dict(tasks)
         self.prefix = prefix
+        self.shaped = shaped
         self.compiler = GrammarCompiler(Path(engine_dir) / "tokenizer.json",
                                         tokenizer.eos_token_ids,
                                         engine.manifest.dims.vocab_size)
@@ -83,28 +114,72 @@ class TaskRunner:
                 max_tokens or task.max_tokens, task.max_tokens))
         except (TaskError, TokenizerError, GenerationError) as e:
             return _fail(name, "bad_request", e.message)
+        t0 = time.perf_counter()
+        constraint, prefix_ids, prefix = self._shaped(task, data)
+        grammar_ms = (time.perf_counter() - t0) * 1000
+        ids += prefix_ids
         max_seq = self.engine.manifest.dims.max_seq
         if len(ids) >= max_seq:
             return _fail(name, "too_long", f"prompt of {len(ids)} tokens does not fit the "
                          f"engine's context of {max_seq}")
-        return Prepared(task, data, ids, self.compiler.constraint(self.grammars[name]),
-                        row_params)
+        return Prepared(task, data, ids, constraint, row_params, prefix, grammar_ms)
+
+    def _shaped(self, task: Task, data: Any) -> tuple[Constraint, list[int], str]:
+        """The request's constraint (its narrowed schema, compiled once per distinct
+        schema) already advanced over the answer's computed start, and that start's
+        tokens."""
+        shape = (shaping.shape(task.output_schema, task.validators, data) if self.shaped
+                 else shaping.Shape(task.output_schema))
+        grammar = (self.grammars[task.name] if shape.schema is task.output_schema
+                   else self.compiler.compile(shape.schema))
+        constraint = self.compiler.constraint(grammar)
+        # the last token of the computed start is left to the model (token healing): the
+        # text after it is forced by the grammar anyway, and the model picks the tokens it
+        # would have written at that seam
+        prefix_ids = self.tokenizer.encode(shape.prefix, add_bos=False)[:-1]
+        for tok in prefix_ids:
+            constraint.consume(tok)
+        prefix = self.tokenizer.decode(prefix_ids)
+        if not shape.prefix.startswith(prefix):
+            raise GrammarError(f"the answer's computed start does not round-trip through "
+                               f"the tokenizer ({prefix[:40]!r})")
+        return constraint, prefix_ids, prefix
+
+    def retry(self, prepared: Prepared, policy: RetryPolicy, failed: TaskResult) -> Prepared:
+        """The next attempt at a request whose answer (``failed``) failed validation: the
+        same prompt and shape, sampled at ``policy.temperature`` at least, another seed."""
+        params = prepared.params
+        seed = (params.seed or 0) + 7919 * prepared.attempt   # a different draw each try
+        constraint, _, _ = self._shaped(prepared.task, prepared.data)
+        return replace(prepared, constraint=constraint, attempt=prepared.attempt + 1,
+                       failed_checks=failed.failed_checks,
+                       params=replace(params, seed=seed,
+                                      temperature=max(params.temperature,
+                                                      policy.temperature)))
 
     def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:
         """Parse and validate a finished generation (a validator bug answers
         ``internal``, never loses the request)."""
         try:
-            return self._finish(prepared.task, prepared.data, gen, prepared.constraint)
+            res = self._finish(prepared.task, prepared.data, gen, prepared.constraint,
+                               prepared.prefix)
         except Exception as e:
-            return _fail(prepared.task.name, "internal",
-                         f"validation failed: {type(e).__name__}: {e}", gen)
+            res = _fail(prepared.task.name, "internal",
+                        f"validation failed: {type(e).__name__}: {e}", gen)
+        res.attempts = prepared.attempt
+        res.failed_checks = prepared.failed_checks
+        if not res.ok:
+            res.failed_checks += (_failed_check(res),)
+        return res
 
     def run(self, requests: Sequence[tuple[str, Any]],
             params: SamplingParams | Sequence[SamplingParams],
-            max_tokens: int | None | Sequence[int | None] = None) -> list[TaskResult]:
+            max_tokens: int | None | Sequence[int | None] = None,
+            retry: RetryPolicy | None = None) -> list[TaskResult]:
         """Answer ``(task name, input)`` requests as one batch (sampling: one for all or one
         per request); each answer gets at most ``max_tokens`` (one for all or one per
-        request; default and upper bound: the task's own)."""
+        request; default and upper bound: the task's own); ``retry``: verified retries of
+        answers that fail validation, as the daemon does them."""
         all_params = ([params] * len(requests) if isinstance(params, SamplingParams)
                       else list(params))
         caps = (list(max_tokens) if isinstance(max_tokens, Sequence)
@@ -131,6 +206,18 @@ class TaskRunner:
                 return [r for r in results if r is not None]
             for slot, p, gen in zip(slots, todo, gens, strict=True):
                 results[slot] = self.finish(p, gen)
+            while retry is not None:
+                again = [(slot, self.retry(p, retry, res)) for slot, p in zip(slots, todo,
+                                                                               strict=True)
+                         if (res := results[slot]) is not None and retry.allows(p, res)]
+                if not again:
+                    break
+                slots, todo = [s for s, _ in again], [p for _, p in again]
+                gens = generate(self.engine, self.tokenizer, [p.ids for p in todo],
+                                [p.params for p in todo],
+                                constraints=[p.constraint for p in todo], prefix=self.prefix)
+                for slot, p, gen in zip(slots, todo, gens, strict=True):
+                    results[slot] = self.finish(p, gen)
         return [r for r in results if r is not None]
 
     def prompt_ids(self, task: Task, data: Any) -> list[int]:
@@ -166,13 +253,14 @@ class TaskRunner:
             pinned[name] = self.prefix.warm(self.engine, head[:-1])  # the seam may re-merge
         return pinned
 
-    def _finish(self, task: Task, data: Any, gen: Generation,
-                constraint: Constraint) -> TaskResult:
+    def _finish(self, task: Task, data: Any, gen: Generation, constraint: Constraint,
+                prefix: str = "") -> TaskResult:
         if gen.finish_reason == "error":   # this row's step failed; its neighbours went on
             return _fail(task.name, "internal", f"generation failed: {gen.error}", gen)
         if gen.finish_reason == "length" and not constraint.accepting:
             return _fail(task.name, "truncated", f"max_tokens reached after "
                          f"{len(gen.token_ids)} tokens before the JSON closed", gen)
+        gen.text = prefix + gen.text   # the whole answer (its computed start included)
         try:
             output = json.loads(gen.text)
         except json.JSONDecodeError as e:
@@ -180,6 +268,14 @@ class TaskRunner:
         ok, validation = validate_output(task.output_schema, task.validators, output, data)
         error = None if ok else {"code": "invalid_output", "message": _first_error(validation)}
         return TaskResult(task.name, ok, output, validation, error, gen)
+
+
+def _failed_check(res: TaskResult) -> str:
+    """The first failed validation section (or the error code)."""
+    for name, section in (res.validation or {}).items():
+        if isinstance(section, dict) and not section.get("ok", True):
+            return name
+    return (res.error or {}).get("code", "internal")
 
 
 def _first_error(validation: Mapping[str, Any]) -> str:

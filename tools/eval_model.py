@@ -18,13 +18,14 @@ import contextlib
 import json
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rung.daemon.task_runner import TaskRunner
+from rung.daemon.task_runner import RetryPolicy, TaskRunner
 from rung.daemon.tasks import load_tasks
 from rung.daemon.validate import check_schema
 from rung.engines import AnyEngine, load_engine
@@ -37,10 +38,10 @@ from rung.export.verify import logit_metrics
 from rung.tools.corpus import generate as corpus
 
 
-def _runner(engine_dir: Path) -> TaskRunner:
+def _runner(engine_dir: Path, shaped: bool = True) -> TaskRunner:
     engine = load_engine(engine_dir)
     return TaskRunner(engine, Tokenizer.load(engine_dir, engine.manifest.tokenizer),
-                      load_tasks(), engine_dir)
+                      load_tasks(), engine_dir, shaped=shaped)
 
 
 def unconstrained(runner: TaskRunner, samples: list[dict[str, Any]]) -> float:
@@ -56,15 +57,21 @@ def unconstrained(runner: TaskRunner, samples: list[dict[str, Any]]) -> float:
     return ok / len(samples)
 
 
-def constrained(runner: TaskRunner, samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Greedy, grammar-constrained answers one at a time (batch 1: the gates can act)."""
+def constrained(runner: TaskRunner, samples: list[dict[str, Any]],
+                retry: RetryPolicy | None = None) -> dict[str, Any]:
+    """Greedy, grammar-constrained answers one at a time (batch 1: the gates can act);
+    ``retry``: with verified retries, as the daemon makes them."""
     counts: Counter[str] = Counter()
+    seconds: Counter[str] = Counter()
     engine = runner.engine
     steps0, skips0 = engine.ffn_steps, (None if engine.ffn_skips is None
                                         else engine.ffn_skips.copy())
     examples: dict[str, Any] = {}
     for s in samples:
-        (r,) = runner.run([(s["task"], s["input"])], SamplingParams())
+        t0 = time.perf_counter()
+        (r,) = runner.run([(s["task"], s["input"])], SamplingParams(), retry=retry)
+        seconds[s["task"]] += time.perf_counter() - t0
+        counts[f"{s['task']}:attempts"] += r.attempts
         v = r.validation or {}
         counts[f"{s['task']}:n"] += 1
         counts[f"{s['task']}:schema"] += int(bool(v.get("schema", {}).get("ok")))
@@ -78,7 +85,9 @@ def constrained(runner: TaskRunner, samples: list[dict[str, Any]]) -> dict[str, 
     n = len(samples)
     per_task = {t: {"n": counts[f"{t}:n"],
                     "schema_valid": counts[f"{t}:schema"] / max(counts[f"{t}:n"], 1),
-                    "valid": counts[f"{t}:ok"] / max(counts[f"{t}:n"], 1)}
+                    "valid": counts[f"{t}:ok"] / max(counts[f"{t}:n"], 1),
+                    "mean_attempts": counts[f"{t}:attempts"] / max(counts[f"{t}:n"], 1),
+                    "mean_s": seconds[t] / max(counts[f"{t}:n"], 1)}
                 for t in ("st_code", "fault_tree", "diagnosis")}
     n_st = max(counts["st_code:n"], 1)
     out: dict[str, Any] = {
@@ -127,6 +136,11 @@ def evaluate(model_dir: Path, n: int, seed: int) -> dict[str, Any]:
                                   "unconstrained_json_valid": unconstrained(plain, samples),
                                   "constrained_gated": constrained(gated, samples),
                                   "constrained_plain": constrained(plain, samples)}
+        # what each answer mechanism buys, on the shipped (gated) engine
+        result["mechanisms"] = {
+            "schema only": constrained(_runner(gated_dir, shaped=False), samples),
+            "+ per-request shapes": result["constrained_gated"],
+            "+ verified retries (3 attempts)": constrained(gated, samples, RetryPolicy())}
         quality_n = samples[: min(len(samples), 24)]
         ref = teacher_forced(plain.engine, plain.tokenizer, plain, quality_n)
         got = teacher_forced(gated.engine, gated.tokenizer, gated, quality_n)

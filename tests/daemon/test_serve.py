@@ -258,10 +258,41 @@ def test_invalid_output_carries_output_and_validation(served: tuple[Broker, Daem
     finally:
         req.close()
     body = reply.body
-    assert body["ok"] is False and body["error"]["code"] == "invalid_output"
+    assert body["ok"] is False and body["error"]["code"] == "invalid_output", body
     jsonschema.validate(body["output"], load_tasks()["fault_tree"].output_schema)
     assert body["validation"]["schema"]["ok"] is True
     assert body["validation"]["fault_tree"]["ok"] is False
+    # fail-closed after the verified retries (retries.attempts, default 3)
+    assert body["attempts"] == 3 and body["usage"]["completion_tokens"] > 0
+
+
+def test_a_retry_that_passes_is_answered_ok(tmp_path: Path, broker: Broker,
+                                            edge_engine: Path) -> None:
+    """The same request with retries off fails validation; with them on it comes back ok
+    on a later attempt, and the reply says which."""
+    inputs = [dict(FT_INVALID, top_event=f"{FT_INVALID['top_event']} ({i})") for i in range(6)]
+    outcomes = {}
+    for attempts in (1, 4):
+        root = tmp_path / f"a{attempts}"
+        root.mkdir()
+        daemon = Daemon(write_config(root, edge_engine, broker.port,
+                                     retries={"attempts": attempts}))
+        daemon.start()
+        req = Requester(broker.port)
+        try:
+            for i, data in enumerate(inputs):
+                req.send("fault_tree", {"input": data}, correlation=f"r{i}",
+                         response_topic=req.reply_topic)
+            outcomes[attempts] = {r.correlation: r.body for r in req.wait(len(inputs), 180)}
+        finally:
+            req.close()
+            daemon.stop()
+    single, retried = outcomes[1], outcomes[4]
+    assert all(b["attempts"] == 1 for b in single.values())
+    rescued = [k for k, b in retried.items() if b["ok"] and not single[k]["ok"]]
+    assert rescued, {k: (b["ok"], b["attempts"]) for k, b in retried.items()}
+    assert all(retried[k]["attempts"] > 1 for k in rescued)
+    assert all(b["attempts"] == 4 for b in retried.values() if not b["ok"])
 
 
 def test_retained_requests_are_not_replayed(served: tuple[Broker, Daemon]) -> None:
