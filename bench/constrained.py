@@ -23,8 +23,8 @@ import artifacts
 import numpy as np
 import report
 
-from rung.daemon.task_runner import TaskRunner
-from rung.daemon.tasks import load_tasks
+from rung.daemon.tasks.runner import TaskRunner
+from rung.daemon.tasks.task import load_tasks
 from rung.engines import load_engine
 from rung.engines.generate import generate
 from rung.engines.onnx_engine import EngineOptions

@@ -32,7 +32,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def calib_text(path: Path) -> Path:
-    from rung.daemon.tasks import load_tasks
+    from rung.daemon.tasks.task import load_tasks
     from rung.tools.corpus import generate
     from rung.tools.train import chat_text
 

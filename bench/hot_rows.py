@@ -25,8 +25,8 @@ from typing import Any
 import report
 from machine import machine_info
 
-from rung.daemon.task_runner import TaskRunner
-from rung.daemon.tasks import load_tasks
+from rung.daemon.tasks.runner import TaskRunner
+from rung.daemon.tasks.task import load_tasks
 from rung.engines import load_engine
 from rung.engines.batch import BatchDecoder
 from rung.engines.kv_store import ColdStore

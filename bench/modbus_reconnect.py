@@ -5,7 +5,7 @@
 Some gateways and small PLCs close the TCP connection after every response; rung's Link
 notices and from then on opens a connection per request and closes it after the response
 (``Link.per_transaction``). Measured here on loopback against the pymodbus PLC rung's tests
-use (rung.daemon.plcsim), for the request rung makes most, the handshake read (FC3, 16
+use (rung.daemon.demo.plcsim), for the request rung makes most, the handshake read (FC3, 16
 registers), one after another:
 
 * ``persistent``: one connection for all requests;
@@ -31,9 +31,9 @@ from typing import Any
 import machine
 import report
 
-from rung.daemon.modbus import Link
-from rung.daemon.plcsim import SimPlc
-from rung.daemon.regmap import PlcMap, parse_map
+from rung.daemon.demo.plcsim import SimPlc
+from rung.daemon.modbus.link import Link
+from rung.daemon.modbus.regmap import PlcMap, parse_map
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))   # the tests' proxy

@@ -19,7 +19,7 @@ from pathlib import Path
 import aiomqtt
 
 from rung.daemon.config import Config
-from rung.daemon.mqtt import connect_args
+from rung.daemon.mqtt.link import connect_args
 from rung.engines.errors import RungError
 
 
@@ -46,7 +46,7 @@ def _engine(cfg: Config) -> str:
 
 
 def _state_dir(cfg: Config) -> str:
-    from rung.daemon.journal import Journal
+    from rung.daemon.mqtt.journal import Journal
 
     path = cfg.state_dir
     path.mkdir(parents=True, exist_ok=True)
@@ -89,8 +89,8 @@ def _broker(cfg: Config) -> str:
 
 def _plcs(cfg: Config) -> str:
     """Each register map loads, its PLC answers the handshake block and the snapshot."""
-    from rung.daemon.modbus import Link
-    from rung.daemon.regmap import load_map
+    from rung.daemon.modbus.link import Link
+    from rung.daemon.modbus.regmap import load_map
 
     if not cfg.plcs:
         return "none configured"

@@ -310,8 +310,8 @@ def _prefix_cache(args: argparse.Namespace, engine: Any) -> Any:
 
 def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
               load_ms: float, prefix: Any = None) -> int:
-    from rung.daemon.task_runner import TaskRunner
-    from rung.daemon.tasks import TaskError, load_tasks
+    from rung.daemon.tasks.runner import TaskRunner
+    from rung.daemon.tasks.task import TaskError, load_tasks
 
     if args.input is None:
         raise TaskError("--task needs --input JSON", "e.g. --input '{\"description\": ...}'")
@@ -361,7 +361,7 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
 
 def _write_plcopen(path: Path, pou: Any, edition: int, quiet: bool) -> None:
     """The POU as a PLCopen XML file, replaced atomically."""
-    from rung.daemon.plcopen import to_plcopen_xml
+    from rung.daemon.plant.plcopen import to_plcopen_xml
 
     text = to_plcopen_xml(pou, edition)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -377,7 +377,7 @@ def _write_plcopen(path: Path, pou: Any, edition: int, quiet: bool) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from rung.daemon.demo import run
+    from rung.daemon.demo.run import run
 
     return run(max_tokens=args.max_tokens)
 
@@ -412,8 +412,8 @@ def run_check(args: argparse.Namespace) -> int:
 def run_ask(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rung.daemon.ask import ask
     from rung.daemon.config import load_config
+    from rung.daemon.mqtt.ask import ask
 
     cfg = load_config(args.config, args.set)
     try:

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from rung.daemon.topics import MAX_TOPIC_BYTES, text_problem, topic_problem
+from rung.daemon.mqtt.topics import MAX_TOPIC_BYTES, text_problem, topic_problem
 from rung.engines.errors import RungError
 
 CREDENTIAL = "credential:"

@@ -225,7 +225,7 @@ class Metrics:
         server.server_close()
         thread.join(timeout=5)
 
-    # ---- PLC side (daemon/plc.py) -------------------------------------------------------
+    # ---- PLC side (daemon/modbus/agent.py) -------------------------------------------------------
     @property
     def plc(self) -> PlcMetrics:
         """The PLC agents' series (``rung_plc_*``), registered on first use."""
@@ -236,7 +236,7 @@ class Metrics:
 
 PLC_OPS = ("link", "handshake read", "heartbeat write", "ack write", "answer write",
            "done write", "clear write", "snapshot read")
-PLC_ERRS = range(7)   # the err register's codes (daemon/plcjob.py)
+PLC_ERRS = range(7)   # the err register's codes (daemon/modbus/job.py)
 
 
 class PlcMetrics:

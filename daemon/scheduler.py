@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rung.daemon.requests import Request
-from rung.daemon.task_runner import Prepared, RetryPolicy, TaskResult, TaskRunner
+from rung.daemon.mqtt.requests import Request
+from rung.daemon.tasks.runner import Prepared, RetryPolicy, TaskResult, TaskRunner
 from rung.engines.errors import RungError
 from rung.engines.grammar import Constraint
 from rung.engines.sampler import SamplingParams

@@ -20,22 +20,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rung.daemon import requests as rq
 from rung.daemon.config import Config, ConfigError
-from rung.daemon.journal import Entry, Incoming, Journal, JournalError
 from rung.daemon.metrics import Metrics
-from rung.daemon.modbus import Link
-from rung.daemon.mqtt import MQTTLink
-from rung.daemon.plc import PlcAgent
-from rung.daemon.regmap import load_map
+from rung.daemon.modbus.agent import PlcAgent
+from rung.daemon.modbus.link import Link
+from rung.daemon.modbus.regmap import load_map
+from rung.daemon.mqtt import requests as rq
+from rung.daemon.mqtt.journal import Entry, Incoming, Journal, JournalError
+from rung.daemon.mqtt.link import MQTTLink
+from rung.daemon.mqtt.topics import topic_problem
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
-from rung.daemon.task_runner import RetryPolicy, TaskRunner
-from rung.daemon.topics import topic_problem
+from rung.daemon.tasks.runner import RetryPolicy, TaskRunner
 from rung.engines.errors import RungError
 
 if TYPE_CHECKING:
-    from rung.daemon.sparkplug_link import SparkplugLink
+    from rung.daemon.plant.sparkplug_link import SparkplugLink
 
 log = logging.getLogger("rung.serve")
 VERSION = "0.1.0"
@@ -44,7 +44,7 @@ PUBLISH_ATTEMPTS = 3   # publishes of one answer that end the connection before 
 
 def build_runner(cfg: Config) -> TaskRunner:
     """Engine, tokenizer, tasks (grammars compiled) and the prefix cache of a config."""
-    from rung.daemon.tasks import load_tasks
+    from rung.daemon.tasks.task import load_tasks
     from rung.engines import engine_options, load_engine
     from rung.engines.kv_store import ColdStore
     from rung.engines.prefix_cache import PrefixCache
@@ -131,9 +131,9 @@ class Service:
 
     def _sparkplug(self) -> SparkplugLink:
         """The Sparkplug B edge node: each PLC a device (its own MQTT client)."""
-        from rung.daemon.sparkplug import EdgeNode
-        from rung.daemon.sparkplug_link import SparkplugLink
-        from rung.daemon.sparkplug_metrics import Device
+        from rung.daemon.plant.sparkplug import EdgeNode
+        from rung.daemon.plant.sparkplug_link import SparkplugLink
+        from rung.daemon.plant.sparkplug_metrics import Device
 
         s, m = self.cfg.sparkplug, self.runner.engine.manifest
         node = EdgeNode(s.group_id or "", s.edge_node_id or self.cfg.mqtt.client_id,
@@ -315,7 +315,7 @@ class Service:
         """The extra forms of an answer the request asked for (``output_formats``)."""
         if "plcopen_xml" not in req.output_formats:
             return None
-        from rung.daemon.plcopen import to_plcopen_xml
+        from rung.daemon.plant.plcopen import to_plcopen_xml
 
         try:
             xml = to_plcopen_xml(output, self.cfg.st.edition)

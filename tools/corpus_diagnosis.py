@@ -2,7 +2,7 @@
 
 A scenario (zero to two compatible fault modes of the asset) sets some points to alert or
 alarm; the answer is then derived from the input alone: states as
-``rung.daemon.validate.expected_state`` computes them, the fault modes whose signatures the
+``rung.daemon.tasks.validate.expected_state`` computes them, the fault modes whose signatures the
 abnormal points match (a differential, ranked), a prognosis when the description gives a
 trend, and an advisory whose priority follows the worst state.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rung.daemon.validate import expected_state
+from rung.daemon.tasks.validate import expected_state
 from rung.tools.corpus_plant import ASSETS, FAULTS, HIGH, LOW, NORMAL, SWITCHES, Asset, label, point
 
 CONTEXT = ("Routine round, values read from the HMI.", "Running at full load since shift start.",

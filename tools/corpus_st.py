@@ -1,7 +1,7 @@
 """The ``st_code`` task of the corpus: one IEC 61131-3 POU per sample, from an archetype table.
 
 Each archetype is a builder ``Kit -> (input, output)`` (see ``corpus_st_kit``); the table maps
-its name to it. Every POU is meant to pass ``rung.daemon.st.validate_pou``.
+its name to it. Every POU is meant to pass ``rung.daemon.tasks.st.validate_pou``.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from rung.daemon.task_runner import RetryPolicy, TaskRunner
-from rung.daemon.tasks import load_tasks
-from rung.daemon.validate import check_schema
+from rung.daemon.tasks.runner import RetryPolicy, TaskRunner
+from rung.daemon.tasks.task import load_tasks
+from rung.daemon.tasks.validate import check_schema
 from rung.engines import AnyEngine, load_engine
 from rung.engines.generate import generate
 from rung.engines.progress import set_enabled

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from rung.daemon.tasks import Task, load_tasks
+from rung.daemon.tasks.task import Task, load_tasks
 from rung.export.arch import parse_config
 from rung.export.model import RungForCausalLM
 from rung.export.presets import CHATML, build_tokenizer

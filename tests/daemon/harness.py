@@ -20,7 +20,7 @@ import yaml
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from rung.daemon.localbroker import LocalBroker
+from rung.daemon.demo.localbroker import LocalBroker
 
 BASE = "v1/test/plant/line/rung/node1"
 

@@ -1,5 +1,5 @@
 """A fault-injecting Modbus TCP proxy for tests: rung connects to it, it forwards every frame
-to a real pymodbus PLC (rung.daemon.plcsim) and records every request on the way.
+to a real pymodbus PLC (rung.daemon.demo.plcsim) and records every request on the way.
 
 Faults are rules matched per request (function code, an address range the request
 overlaps or the exact start address ``at``, how many times):
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rung.daemon.localbroker import free_port
+from rung.daemon.demo.localbroker import free_port
 
 ACTIONS = ("exception", "short", "delay", "close", "silent", "tid", "pid", "length", "garbage")
 READS, WRITES = (1, 2, 3, 4), (5, 6, 15, 16)

@@ -19,8 +19,7 @@ import pytest
 import yaml
 
 from tests.daemon.harness import BASE, Broker, Daemon, Requester, write_config
-from tests.daemon.modbus_proxy import ModbusProxy, Seen
-from tests.daemon.test_plc import (
+from tests.daemon.modbus.test_plc import (
     ACK_SEQ,
     BUSY,
     DONE,
@@ -32,6 +31,7 @@ from tests.daemon.test_plc import (
     PlcThread,
     _plant,
 )
+from tests.daemon.modbus_proxy import ModbusProxy, Seen
 
 __all__ = ["ACK_SEQ", "BUSY", "DONE", "ERR", "HEARTBEAT", "REQ", "REQ_SEQ", "RESULT", "Rig",
            "rig_factory"]

@@ -18,8 +18,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from rung.daemon.journal import Incoming, Journal
-from rung.daemon.localbroker import free_port
+from rung.daemon.demo.localbroker import free_port
+from rung.daemon.mqtt.journal import Incoming, Journal
 from tests.daemon.harness import BASE, Broker, Daemon, Requester, write_config
 
 pytestmark = pytest.mark.integration

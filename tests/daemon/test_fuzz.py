@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rung.daemon import requests as rq
-from rung.daemon.journal import Entry
 from rung.daemon.logs import JsonFormatter
-from rung.daemon.task_runner import TaskResult, TaskRunner
-from rung.daemon.tasks import load_tasks
-from rung.daemon.topics import topic_problem
+from rung.daemon.mqtt import requests as rq
+from rung.daemon.mqtt.journal import Entry
+from rung.daemon.mqtt.topics import topic_problem
+from rung.daemon.tasks.runner import TaskResult, TaskRunner
+from rung.daemon.tasks.task import load_tasks
 from rung.engines import load_engine
 from rung.engines.batch import BatchDecoder
 from rung.engines.tokenizer import Tokenizer

@@ -15,14 +15,15 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.requests import Address, Request
+from rung.daemon.mqtt.requests import Address, Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_loop
-from rung.daemon.task_runner import Prepared, TaskResult, TaskRunner
-from rung.daemon.tasks import load_tasks
+from rung.daemon.tasks.runner import Prepared, TaskResult, TaskRunner
+from rung.daemon.tasks.task import load_tasks
 from rung.engines import load_engine
 from rung.engines.kv_store import ColdStore
 from rung.engines.prefix_cache import PrefixCache
+from rung.engines.sampler import SamplingParams
 from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
 
@@ -82,9 +83,11 @@ def runner(edge_engine: Path, tmp_path: Path) -> HeavyRunner:
 def test_the_loop_stays_responsive_while_the_engine_thread_works(
         runner: HeavyRunner, tmp_path: Path) -> None:
     points = [{"name": f"sensor_{i:02d}_temperature", "value": 20.0 + i, "unit": "degC",
-               "limits": {"alert": 70.0, "alarm": 85.0}} for i in range(34)]
+               "limits": {"alert": 70.0, "alarm": 85.0}} for i in range(22)]
     long_input = {"asset": "Hydraulic press 1", "description": "Shift report.", "points": points}
-    prompt = runner.prompt_ids(runner.tasks["diagnosis"], long_input)
+    prepared = runner.prepare("diagnosis", long_input, SamplingParams(), 4)
+    assert isinstance(prepared, Prepared)
+    prompt = prepared.ids    # the prompt and the answer's computed start
     max_seq = runner.engine.manifest.dims.max_seq
     assert 800 <= len(prompt) < max_seq - 48, len(prompt)
 

@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from rung.daemon.requests import Address, Request
+from rung.daemon.mqtt.requests import Address, Request
 from rung.daemon.scheduler import Answer, Scheduler
-from rung.daemon.task_runner import Prepared, TaskResult
+from rung.daemon.tasks.runner import Prepared, TaskResult
 from rung.engines.sampler import SamplingParams
 from rung.engines.sequence import Generation
 

@@ -20,9 +20,9 @@ import jsonschema
 import pytest
 import yaml
 
-from rung.daemon.localbroker import free_port
+from rung.daemon.demo.localbroker import free_port
 from rung.daemon.metrics import summarize_text
-from rung.daemon.tasks import load_tasks
+from rung.daemon.tasks.task import load_tasks
 from tests.daemon.harness import BASE, Broker, Daemon, Requester, retained_status, write_config
 
 pytestmark = pytest.mark.integration

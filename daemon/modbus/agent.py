@@ -1,0 +1,345 @@
+"""The Modbus handshake with one PLC: the PLC raises a request, rung answers with a diagnosis.
+
+CONTRACTS.md, per PLC, in holding registers named by the register map::
+
+    PLC: req_seq += 1, req = 1
+    rung: ack_seq = req_seq, busy = 1          (the PLC sees its request taken)
+    rung: snapshot -> diagnosis (+ fault tree) -> MQTT {base}/diag/{plc}/event and /last
+    rung: result, err; then done = 1, busy = 0
+    PLC: reads result/err, req = 0
+    rung: done = 0
+    rung: heartbeat += 1 every heartbeat_s, in a poll that read the handshake
+
+One loop per PLC, once per ``poll_s``: read the handshake block; only then bump the
+heartbeat (so it means "rung sees this PLC's requests"); then compare what the registers
+say with what rung knows (a request to acknowledge, an answer to deliver, registers to
+clear) and write the difference. Nothing is written from anywhere else, so every state has
+an exit: when the PLC withdraws or replaces a request, the writes for it stop.
+
+Faults are handled per operation. A reply that refuses one read or write (an exception, a
+short reply) fails that operation only: it is retried with backoff (``poll_s`` doubling to
+the map's ``retry_max_s``) while the rest of the cycle goes on. Only a failed connection
+backs off the whole link (``modbus.reconnect_min_s`` doubling to ``reconnect_max_s``, but
+never beyond ``retry_max_s``, which the PLC's heartbeat watchdog sets). Each operation logs
+once when it starts failing and once when it works again or is no longer needed; the
+attempts are counted in ``rung_plc_retries_total`` and ``rung_plc_failing``, and the link
+state reads ``degraded`` with the operation and its error while one keeps failing.
+
+A request runs once (:class:`rung.daemon.plcjob.Diagnoser`). Its answer is kept, in a file
+under ``state_dir`` when one is given, and published once; the writes that deliver it are
+retried for as long as the PLC keeps the request up, never by running the model again. A
+request found acknowledged but neither done nor answered (``ack_seq == req_seq``, ``done ==
+0``, no kept answer: rung stopped during the job) is run again from the snapshot on
+(``resumed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rung.daemon.metrics import Metrics, PlcMetrics
+from rung.daemon.modbus.job import (
+    ERR_CODES,
+    Answered,
+    AnswerStore,
+    Backoff,
+    Diagnoser,
+    Job,
+    Submit,
+)
+from rung.daemon.modbus.link import Link, ModbusError
+from rung.daemon.modbus.regmap import PlcMap
+
+__all__ = ["ERR_CODES", "PlcAgent", "Publish", "Submit"]
+
+log = logging.getLogger("rung.plc")
+
+Publish = Callable[[str, dict[str, Any], bool], Awaitable[bool]]
+Regs = dict[str, int]   # handshake register name -> value
+_REQUEST_OPS = ("ack write", "answer write", "done write", "clear write")
+
+
+@dataclass
+class _Op:
+    """One kind of Modbus operation's failures in a row, and when it may be tried again."""
+
+    failures: int = 0
+    next_at: float = 0.0
+
+
+class PlcAgent:
+    """Polls one PLC's handshake, runs its requests through the shared scheduler, answers.
+
+    ``metrics``: the daemon's (its ``plc`` series); ``state_dir``: where the answer waiting
+    for delivery is kept (``{state_dir}/{plc id}.json``); None keeps it in memory only.
+    """
+
+    def __init__(self, plc: PlcMap, link: Link, submit: Submit, publish: Publish,
+                 base_topic: str, timeout_s: float, reconnect_min_s: float = 0.5,
+                 reconnect_max_s: float = 30.0, metrics: Metrics | None = None,
+                 state_dir: Path | None = None) -> None:
+        hs = plc.handshake
+        self.plc, self.link, self.publish, self.base = plc, link, publish, base_topic
+        self.retry = Backoff(hs.poll_s, hs.retry_max_s)
+        self.reconnect = Backoff(min(reconnect_min_s, hs.retry_max_s),
+                                 min(reconnect_max_s, hs.retry_max_s))
+        self.metrics = metrics.plc if metrics is not None else PlcMetrics()
+        self.metrics.add(plc.id)
+        self.diagnoser = Diagnoser(plc, link, submit, base_topic, timeout_s,
+                                   Backoff(reconnect_min_s, reconnect_max_s),
+                                   lambda op, n: self.metrics.failed(plc.id, op, n))
+        self.store = AnswerStore(state_dir / f"{plc.id}.json", plc.id) if state_dir else None
+        self.answer: Answered | None = self.store.load() if self.store else None
+        self.job: Job | None = None                  # the request taken, not yet answered
+        self.task: asyncio.Task[None] | None = None  # its run, once acknowledged
+        self.heartbeat = 0
+        self.serving = False   # the last cycle read the handshake
+        self._next_beat = 0.0
+        self._ops: dict[str, _Op] = {}
+        self._down = 0         # connection failures in a row
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Poll until ``stop``: each cycle reads, beats and reconciles; a failed connection
+        backs off, anything else is retried per operation."""
+        if self.answer is not None and not self.answer.published:
+            await self._publish(self.answer)   # finished before a restart, never published
+        while not self._stop.is_set():
+            try:
+                await self._cycle()
+                delay = self._link_ok()
+            except ModbusError as e:   # the connection; the rest is handled per operation
+                delay = self._link_failed(e)
+            except Exception:   # a bug: keep serving the PLC, slowly, and say so
+                log.exception("PLC %s: poll failed inside rung", self.plc.id)
+                self.serving, delay = False, self.retry.max_s
+            self.metrics.set_link(self.plc.id, self.serving, self.link.per_transaction)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.clear()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()   # its request stays in the PLC (req = 1): resumed at restart
+        await self.link.close()
+
+    async def _cycle(self) -> None:
+        regs: Regs = {}
+
+        async def read() -> None:
+            regs.update(await self._read_handshake())
+
+        self.serving = await self._try("handshake read", read)
+        if self.serving:   # the heartbeat says "rung sees your requests": only after a read
+            await self._beat()
+            await self._reconcile(regs)
+
+    def _link_ok(self) -> float:
+        if self._down:
+            log.info("PLC %s: link back after %d failed attempts", self.plc.id, self._down)
+            self.metrics.worked(self.plc.id, "link")
+            self._down = 0
+        return self.plc.handshake.poll_s
+
+    def _link_failed(self, e: ModbusError) -> float:
+        self._down += 1
+        self.serving = False
+        self.metrics.failed(self.plc.id, "link", self._down)
+        if self._down == 1:
+            log.warning("PLC %s: link down, reconnecting with backoff from %g s up to "
+                        "%g s: %s", self.plc.id, self.reconnect.first_s,
+                        self.reconnect.max_s, e)
+        return self.reconnect.delay(self._down)
+
+    async def _read_handshake(self) -> Regs:
+        start, count = self.plc.handshake.read_span()
+        raw = [int(v) for v in await self.link.read("holding", start, count)]
+        return {name: raw[addr - start]
+                for name, addr in self.plc.handshake.registers.items()}
+
+    async def _beat(self) -> None:
+        hs = self.plc.handshake
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        value = (self.heartbeat + 1) & 0xFFFF
+        if await self._try("heartbeat write",
+                           lambda: self.link.write_registers(hs.heartbeat, [value])):
+            self.heartbeat, self._next_beat = value, now + hs.heartbeat_s
+
+    # -- registers against what rung knows -----------------------------------------------
+
+    async def _reconcile(self, r: Regs) -> None:
+        """Write what the registers lack: the acknowledgement of the request taken, the
+        answer to the request up, or the clearing after the PLC took it."""
+        self._adopt(r)
+        job, ans = self.job, self.answer
+        wanted: set[str] = set()
+        if r["req"] == 1 and job is not None and self.task is None:
+            ack = {"ack_seq": job.req_seq, "busy": 1, "done": 0}
+            wanted.add("ack write")
+            if not _differs(r, ack) or await self._try("ack write", lambda: self._write(ack),
+                                                       f"request {job.req_seq}"):
+                self._start(job)
+        elif r["req"] == 1 and ans is not None:
+            values, done = {"result": ans.result, "err": ans.err}, {"done": 1, "busy": 0}
+            if _differs(r, values):
+                wanted.add("answer write")
+                landed = await self._try("answer write", lambda: self._write(values),
+                                         f"request {ans.req_seq}")
+            else:
+                landed = True
+            if landed and _differs(r, done):
+                wanted.add("done write")
+                if await self._try("done write", lambda: self._write(done),
+                                   f"request {ans.req_seq}"):
+                    self._delivered(ans)
+        elif (r["req"] == 0 and self.task is None) or (r["done"] == 1 and job is None
+                                                       and ans is None and r["req"] == 1):
+            # the PLC took the answer or gave up; or done before a restart, busy left up
+            clear = {n: 0 for n in (("busy", "done") if r["req"] == 0 else ("busy",)) if r[n]}
+            if clear:
+                wanted.add("clear write")
+                await self._try("clear write", lambda: self._write(clear))
+        for name in _REQUEST_OPS:
+            if name not in wanted:
+                self._settled(name, "no longer needed")
+
+    def _adopt(self, r: Regs) -> None:
+        """Take a new request, drop what the PLC withdrew or replaced."""
+        seq = r["req_seq"]
+        if r["req"] == 0:
+            if self.job is not None and self.task is None:
+                self.job = None   # withdrawn before it was acknowledged
+            self._forget_answer()
+        if r["req"] != 1:
+            return
+        if self.job is not None:
+            if self.task is not None or self.job.req_seq == seq:
+                return   # one request at a time: the next waits for this one's answer
+            self.job = None   # replaced before it was acknowledged
+        if self.answer is not None:
+            if self.answer.req_seq == seq and r["ack_seq"] == seq:
+                return   # being delivered
+            self._forget_answer()   # the PLC moved on
+        if r["done"] == 1 and r["ack_seq"] == seq:
+            return   # answered earlier; waiting for the PLC to clear req
+        resumed = r["ack_seq"] == seq
+        if resumed:
+            log.warning("PLC %s: request %d was acknowledged before a restart: running it "
+                        "again", self.plc.id, seq)
+        self.job = Job(seq, resumed)
+        self._settled("ack write", "replaced by a new request")
+
+    def _forget_answer(self) -> None:
+        if self.answer is not None:
+            self.answer = None
+            if self.store is not None:
+                self.store.clear()
+
+    def _start(self, job: Job) -> None:
+        self.task = asyncio.get_running_loop().create_task(
+            self._run_job(job), name=f"plc-{self.plc.id}-{job.req_seq}")
+
+    async def _run_job(self, job: Job) -> None:
+        """Run the request once, keep its answer, publish it, hand it to the loop."""
+        answered = await self.diagnoser.run(job)
+        self.metrics.job(self.plc.id, answered.err)
+        if self.store is not None:
+            self.store.save(answered)
+        await self._publish(answered)
+        self._settled("answer write", "replaced by a new answer")
+        self._settled("done write", "replaced by a new answer")
+        self.answer, self.job, self.task = answered, None, None
+        self._wake.set()   # deliver it now rather than at the next poll
+
+    async def _publish(self, answered: Answered) -> None:
+        """The event (QoS 1) and the retained summary; the publisher keeps what the broker
+        did not take and sends it after the reconnect."""
+        topic = f"{self.base}/diag/{self.plc.id}"
+        try:
+            await self.publish(f"{topic}/event", answered.event, False)
+            await self.publish(f"{topic}/last", answered.last, True)
+        except Exception as e:   # a broken publisher: the PLC still gets its answer
+            log.error("PLC %s: publishing request %d failed: %s", self.plc.id,
+                      answered.req_seq, e)
+        answered.published = True
+        if self.store is not None:
+            self.store.save(answered)
+
+    def _delivered(self, ans: Answered) -> None:
+        event = ans.event
+        log.info("plc answered", extra={"rung_fields": {
+            "plc": self.plc.id, "req_seq": ans.req_seq, "err": ans.err, "result": ans.result,
+            "resumed": event.get("resumed"), "ms": event.get("ms")}})
+
+    async def _write(self, values: Regs) -> None:
+        """Write handshake registers by name: one request when their addresses are
+        adjacent, else one per register in address order."""
+        registers = self.plc.handshake.registers
+        writes = sorted((registers[name], v) for name, v in values.items())
+        if all(b[0] == a[0] + 1 for a, b in zip(writes, writes[1:], strict=False)):
+            await self.link.write_registers(writes[0][0], [v for _, v in writes])
+            return
+        for address, value in writes:
+            await self.link.write_registers(address, [value])
+
+    # -- one operation, retried with backoff ---------------------------------------------
+
+    async def _try(self, name: str, call: Callable[[], Awaitable[None]],
+                   about: str | None = None) -> bool:
+        """Run ``call`` unless ``name`` waits out its backoff; True when it worked. A reply
+        that fails it is counted, logged once and shown on the link; a failed connection
+        is raised to the loop."""
+        op = self._ops.setdefault(name, _Op())
+        if time.monotonic() < op.next_at:
+            return False
+        try:
+            await call()
+        except ModbusError as e:
+            if e.connection:
+                raise
+            op.failures += 1
+            op.next_at = time.monotonic() + self.retry.delay(op.failures)
+            self.metrics.failed(self.plc.id, name, op.failures)
+            if op.failures == 1:
+                what = f"{name} for {about}" if about else name
+                log.log(logging.WARNING if e.transient else logging.ERROR,
+                        "PLC %s: %s fails, retrying with backoff up to %g s: %s",
+                        self.plc.id, what, self.retry.max_s, e)
+                self.link.set_fault(name, f"{what}: {e}")
+            return False
+        self.metrics.worked(self.plc.id, name)
+        self._settled(name, None)
+        return True
+
+    def _settled(self, name: str, why: str | None) -> None:
+        """``name`` worked (``why`` None) or is no longer wanted: its failures end."""
+        op = self._ops.get(name)
+        if op is None or not op.failures:
+            return
+        if why is None:
+            log.info("PLC %s: %s works again after %d failed attempts", self.plc.id, name,
+                     op.failures)
+        else:
+            log.info("PLC %s: %s %s after %d failed attempts", self.plc.id, name, why,
+                     op.failures)
+        op.failures, op.next_at = 0, 0.0
+        self.metrics.worked(self.plc.id, name)
+        self.link.set_fault(name, None)
+
+
+def _differs(r: Regs, values: Regs) -> bool:
+    return any(r[name] != value for name, value in values.items())

@@ -1,0 +1,232 @@
+"""The MQTT adapter: one persistent-session connection to the broker, reconnecting with
+backoff, QoS 1 acknowledged only after the journal has the request.
+
+aiomqtt drives the connection. It acknowledges QoS 1 messages on arrival, before rung has
+seen them, so ``_paho`` reaches the paho-mqtt client underneath (aiomqtt 2.5.1, paho-mqtt
+2.2.0, both pinned) to switch on paho's manual acknowledgement before connecting; ``ack``
+sends PUBACK once ``on_message`` says the message is recorded. A message rung could not
+record stays unacknowledged, and the broker redelivers it on the next connection (clean
+start off, session expiry from config).
+
+Every foreign error becomes ``aiomqtt.MqttError`` handling here: the reconnect policy lives
+in this loop, nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiomqtt
+import paho.mqtt.client as paho_mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from rung.daemon.config import MQTTConfig
+from rung.daemon.metrics import Metrics
+from rung.daemon.mqtt.journal import Incoming
+
+log = logging.getLogger("rung.mqtt")
+
+OnMessage = Callable[[Incoming], bool]   # True: recorded (acknowledge), False: leave it
+
+
+def _paho(client: aiomqtt.Client) -> paho_mqtt.Client:
+    """The paho client inside an aiomqtt client: the one place rung touches a private
+    attribute (tests/daemon/test_serve.py would fail at once without it: no request would
+    ever be acknowledged)."""
+    inner = getattr(client, "_client", None)
+    if not isinstance(inner, paho_mqtt.Client):
+        raise RuntimeError("aiomqtt no longer exposes its paho client as _client: manual "
+                           "QoS 1 acknowledgement is unavailable (check the pinned versions)")
+    return inner
+
+
+def no_delay(client: aiomqtt.Client) -> None:
+    """Nagle's algorithm off on the connection (plain or TLS): paho leaves it on, and an
+    answer would wait ~40 ms in the send buffer for the broker's delayed ACK."""
+    sock = _paho(client).socket()
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def connect_args(cfg: MQTTConfig) -> dict[str, Any]:
+    """The aiomqtt.Client arguments every rung client shares: broker, protocol, credentials,
+    TLS (``rung serve``, ``rung ask`` and ``rung check`` connect the same way)."""
+    tls = None
+    if cfg.tls is not None:
+        tls = aiomqtt.TLSParameters(
+            ca_certs=str(cfg.tls.ca_file) if cfg.tls.ca_file else None,
+            certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
+            keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
+            cert_reqs=ssl.CERT_REQUIRED, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+    return {"hostname": cfg.host, "port": cfg.port, "username": cfg.username,
+            "password": cfg.password,
+            "protocol": aiomqtt.ProtocolVersion.V5 if str(cfg.protocol) == "5"
+            else aiomqtt.ProtocolVersion.V311,
+            "tls_params": tls, "tls_insecure": cfg.tls.insecure if cfg.tls else None}
+
+
+def incoming(message: aiomqtt.Message, claimed_id: str | None = None) -> Incoming:
+    """An aiomqtt message as rung's ``Incoming`` (v5 properties read when present)."""
+    props = message.properties
+    response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
+    correlation = getattr(props, "CorrelationData", None) if props is not None else None
+    expiry = getattr(props, "MessageExpiryInterval", None) if props is not None else None
+    payload = message.payload if isinstance(message.payload, bytes) else (
+        str(message.payload).encode() if message.payload is not None else b"")
+    return Incoming(topic=str(message.topic), payload=payload,
+                    response_topic=response_topic or None,
+                    correlation=bytes(correlation) if correlation is not None else None,
+                    expiry_s=float(expiry) if expiry is not None else None,
+                    mid=message.mid, claimed_id=claimed_id, retained=bool(message.retain))
+
+
+class MQTTLink:
+    """Connects, subscribes to ``{base}/req/#``, feeds ``on_message``, publishes answers.
+
+    ``birth`` gives the retained ``{base}/status`` payload published on every connection
+    (the Last Will publishes ``{"online": false}`` when rung vanishes).
+    """
+
+    def __init__(self, cfg: MQTTConfig, on_message: OnMessage,
+                 birth: Callable[[], dict[str, Any]],
+                 on_connect: Callable[[], None] = lambda: None,
+                 metrics: Metrics | None = None) -> None:
+        self.cfg, self.on_message, self.birth = cfg, on_message, birth
+        self.on_connect, self.metrics = on_connect, metrics
+        self.v5 = str(cfg.protocol) == "5"
+        self.status_topic = f"{cfg.base_topic}/status"
+        self.request_filter = f"{cfg.base_topic}/req/#"
+        self.accepting = True         # False: messages are left unacknowledged
+        self.connections = 0
+        self._client: aiomqtt.Client | None = None
+        self._stop = asyncio.Event()
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    def _new_client(self) -> aiomqtt.Client:
+        c = self.cfg
+        props = None
+        if self.v5:
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.SessionExpiryInterval = c.session_expiry_s
+        will = aiomqtt.Will(self.status_topic, json.dumps(
+            {"online": False, "client_id": c.client_id}), qos=1, retain=True)
+        client = aiomqtt.Client(
+            **connect_args(c), identifier=c.client_id,
+            # v5: clean start off; 3.1.1: clean session off (paho refuses clean_start there)
+            clean_session=None if self.v5 else False,
+            clean_start=False if self.v5 else paho_mqtt.MQTT_CLEAN_START_FIRST_ONLY,
+            properties=props, will=will, keepalive=c.keepalive_s, timeout=10)
+        client.pending_calls_threshold = 1000   # answers are published back to back
+        # before connecting: messages queued in the session arrive right after CONNACK
+        _paho(client).manual_ack_set(True)
+        return client
+
+    async def run(self) -> None:
+        """Connect, serve, reconnect with backoff, until ``stop``."""
+        delay = self.cfg.reconnect_min_s
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                async with self._new_client() as client:
+                    await self._serve(client)
+            except aiomqtt.MqttError as e:
+                log.warning("broker %s:%d: %s", self.cfg.host, self.cfg.port, e)
+            except Exception:   # a bug here must not end the link for good: log, back off
+                log.exception("MQTT link failed")
+            finally:
+                self._client = None
+                if self.metrics is not None:
+                    self.metrics.set_mqtt(False)
+            if self._stop.is_set():
+                break
+            if time.monotonic() - started > 10 * self.cfg.reconnect_max_s:
+                delay = self.cfg.reconnect_min_s   # it was a working connection
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+            delay = min(delay * 2, self.cfg.reconnect_max_s)
+
+    async def _serve(self, client: aiomqtt.Client) -> None:
+        no_delay(client)
+        await client.publish(self.status_topic, json.dumps(self.birth()), qos=1, retain=True)
+        # v5: no retained requests replayed at subscribe (each reconnect would re-run them)
+        options = (SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
+                   if self.v5 else None)
+        await client.subscribe(self.request_filter, qos=0 if options else 1, options=options)
+        self._client = client
+        self.connections += 1
+        if self.metrics is not None:
+            self.metrics.set_mqtt(True)
+            if self.connections > 1:
+                self.metrics.mqtt_reconnected()
+        log.info("connected to %s:%d as %s", self.cfg.host, self.cfg.port, self.cfg.client_id)
+        self.on_connect()
+        reader = asyncio.ensure_future(self._read(client))
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({reader, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not reader.done():
+                reader.cancel()
+        if reader.done() and not reader.cancelled():
+            reader.result()   # raises the MqttError that ended the connection
+            return
+        # a clean disconnect sends no Last Will: say offline ourselves
+        self._client = None
+        try:
+            await client.publish(self.status_topic, json.dumps(
+                {"online": False, "client_id": self.cfg.client_id}), qos=1, retain=True,
+                timeout=5)
+        except aiomqtt.MqttError as e:
+            log.warning("could not publish offline status: %s", e)
+
+    async def _read(self, client: aiomqtt.Client) -> None:
+        paho = _paho(client)
+        async for message in client.messages:
+            if self.metrics is not None:
+                self.metrics.mqtt_message("in")
+            if not self.accepting:
+                continue   # unacknowledged: redelivered after the restart
+            if self.on_message(incoming(message)) and message.qos > 0:
+                paho.ack(message.mid, message.qos)
+
+    async def publish(self, topic: str, payload: bytes, *, retain: bool = False,
+                      correlation: bytes | None = None) -> bool:
+        """Publish at QoS 1 and wait for the broker's PUBACK; False when not connected or
+        the publish failed (the caller keeps the message and retries after reconnect)."""
+        client = self._client
+        if client is None:
+            return False
+        props = None
+        if self.v5:
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            props.ContentType = "application/json"
+            if correlation is not None:
+                props.CorrelationData = correlation
+        try:
+            await client.publish(topic, payload, qos=1, retain=retain, properties=props,
+                                 timeout=10)
+        except aiomqtt.MqttError as e:
+            log.warning("publish to %s failed: %s", topic, e)
+            return False
+        if self.metrics is not None:
+            self.metrics.mqtt_message("out")
+        return True
+
+    def stop(self) -> None:
+        """Leave: publish offline status and disconnect (``run`` returns)."""
+        self._stop.set()

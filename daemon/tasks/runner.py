@@ -1,0 +1,286 @@
+"""Answer one task request on an engine: input check -> prompt -> schema-constrained
+generation -> parse -> validation. Every outcome is a ``TaskResult``; failures carry one of
+the contract's error codes (``bad_request``, ``unknown_task``, ``too_long``, ``truncated``,
+``invalid_output``) and never a half object presented as valid.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rung.daemon.tasks import shaping
+from rung.daemon.tasks.task import Task, TaskError
+from rung.daemon.tasks.validate import validate_output
+from rung.engines import AnyEngine
+from rung.engines.errors import GenerationError, RungError, TokenizerError
+from rung.engines.generate import generate
+from rung.engines.grammar import Constraint, GrammarCompiler, GrammarError
+from rung.engines.prefix_cache import PrefixCache
+from rung.engines.sampler import SamplingParams
+from rung.engines.sequence import Generation
+from rung.engines.tokenizer import Tokenizer
+
+
+@dataclass
+class TaskResult:
+    task: str
+    ok: bool
+    output: Any | None
+    validation: dict[str, Any] | None
+    error: dict[str, str] | None
+    generation: Generation | None
+    attempts: int = 1         # tries it took (verified retries)
+    failed_checks: tuple[str, ...] = ()   # the first failing check of each failed try
+
+
+@dataclass
+class Prepared:
+    """A checked request, ready to generate."""
+
+    task: Task
+    data: Any
+    ids: list[int]            # prompt, then the computed start of the answer
+    constraint: Constraint
+    params: SamplingParams
+    prefix: str = ""          # the answer's start that code computed (in ``ids``)
+    grammar_ms: float = 0.0   # building this request's grammar and matcher
+    attempt: int = 1          # 1 = the first try; a verified retry counts on
+    started: float = field(default_factory=time.monotonic)   # the first try's start
+    failed_checks: tuple[str, ...] = ()   # of the tries before this one
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Verified retries: an answer that fails validation is tried again, resampled with
+    another seed, up to ``attempts`` tries in all (per task: ``per_task``), as long as no
+    more than ``budget_s`` have passed since the first try started. Fail-closed after the
+    last: ``invalid_output`` with the last findings."""
+
+    attempts: int = 3
+    budget_s: float = 60.0
+    temperature: float = 0.7       # a greedy request is resampled at this temperature
+    per_task: Mapping[str, int] = field(default_factory=dict)
+
+    def allows(self, prepared: Prepared, result: TaskResult) -> bool:
+        return (not result.ok and (result.error or {}).get("code") == "invalid_output"
+                and prepared.attempt < self.per_task.get(prepared.task.name, self.attempts)
+                and time.monotonic() - prepared.started < self.budget_s)
+
+
+def _fail(task: str, code: str, message: str,
+          generation: Generation | None = None) -> TaskResult:
+    return TaskResult(task, False, None, None, {"code": code, "message": message}, generation)
+
+
+class TaskRunner:
+    """Owns the compiled grammars of a set of tasks for one engine (compiled at start-up:
+    a schema that cannot be enforced stops the start, it is never served unconstrained)."""
+
+    def __init__(self, engine: AnyEngine, tokenizer: Tokenizer, tasks: Mapping[str, Task],
+                 engine_dir: Path, prefix: PrefixCache | None = None,
+                 shaped: bool = True) -> None:
+        """``shaped``: narrow each request's grammar and compute what code can
+        (``shaping``); off only to measure what that buys."""
+        self.engine, self.tokenizer, self.tasks = engine, tokenizer, dict(tasks)
+        self.prefix = prefix
+        self.shaped = shaped
+        self.compiler = GrammarCompiler(Path(engine_dir) / "tokenizer.json",
+                                        tokenizer.eos_token_ids,
+                                        engine.manifest.dims.vocab_size)
+        self.grammars: dict[str, str] = {}
+        for name, task in self.tasks.items():
+            try:
+                self.grammars[name] = self.compiler.compile(task.output_schema)
+            except GrammarError as e:
+                raise TaskError(f"{task.path}: key 'output_schema': {e.message}", e.hint) from e
+
+    def prepare(self, name: str, data: Any, params: SamplingParams,
+                max_tokens: int | None = None) -> Prepared | TaskResult:
+        """Check a request and build what generation needs: its prompt ids, its grammar
+        constraint and its sampling; or the failed ``TaskResult`` (``unknown_task``,
+        ``bad_request``, ``too_long``)."""
+        task = self.tasks.get(name)
+        if task is None:
+            return _fail(name, "unknown_task", f"no task named {name!r}")
+        try:
+            task.check_input(data)
+            ids = self.prompt_ids(task, data)
+            row_params = replace(params, stop=(), max_tokens=min(
+                max_tokens or task.max_tokens, task.max_tokens))
+        except (TaskError, TokenizerError, GenerationError) as e:
+            return _fail(name, "bad_request", e.message)
+        t0 = time.perf_counter()
+        constraint, prefix_ids, prefix = self._shaped(task, data)
+        grammar_ms = (time.perf_counter() - t0) * 1000
+        ids += prefix_ids
+        max_seq = self.engine.manifest.dims.max_seq
+        if len(ids) >= max_seq:
+            return _fail(name, "too_long", f"prompt of {len(ids)} tokens does not fit the "
+                         f"engine's context of {max_seq}")
+        return Prepared(task, data, ids, constraint, row_params, prefix, grammar_ms)
+
+    def _shaped(self, task: Task, data: Any) -> tuple[Constraint, list[int], str]:
+        """The request's constraint (its narrowed schema, compiled once per distinct
+        schema) already advanced over the answer's computed start, and that start's
+        tokens."""
+        shape = (shaping.shape(task.output_schema, task.validators, data) if self.shaped
+                 else shaping.Shape(task.output_schema))
+        grammar = (self.grammars[task.name] if shape.schema is task.output_schema
+                   else self.compiler.compile(shape.schema))
+        constraint = self.compiler.constraint(grammar)
+        # the last token of the computed start is left to the model (token healing): the
+        # text after it is forced by the grammar anyway, and the model picks the tokens it
+        # would have written at that seam
+        prefix_ids = self.tokenizer.encode(shape.prefix, add_bos=False)[:-1]
+        for tok in prefix_ids:
+            constraint.consume(tok)
+        prefix = self.tokenizer.decode(prefix_ids)
+        if not shape.prefix.startswith(prefix):
+            raise GrammarError(f"the answer's computed start does not round-trip through "
+                               f"the tokenizer ({prefix[:40]!r})")
+        return constraint, prefix_ids, prefix
+
+    def retry(self, prepared: Prepared, policy: RetryPolicy, failed: TaskResult) -> Prepared:
+        """The next attempt at a request whose answer (``failed``) failed validation: the
+        same prompt and shape, sampled at ``policy.temperature`` at least, another seed."""
+        params = prepared.params
+        seed = (params.seed or 0) + 7919 * prepared.attempt   # a different draw each try
+        constraint, _, _ = self._shaped(prepared.task, prepared.data)
+        return replace(prepared, constraint=constraint, attempt=prepared.attempt + 1,
+                       failed_checks=failed.failed_checks,
+                       params=replace(params, seed=seed,
+                                      temperature=max(params.temperature,
+                                                      policy.temperature)))
+
+    def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:
+        """Parse and validate a finished generation (a validator bug answers
+        ``internal``, never loses the request)."""
+        try:
+            res = self._finish(prepared.task, prepared.data, gen, prepared.constraint,
+                               prepared.prefix)
+        except Exception as e:
+            res = _fail(prepared.task.name, "internal",
+                        f"validation failed: {type(e).__name__}: {e}", gen)
+        res.attempts = prepared.attempt
+        res.failed_checks = prepared.failed_checks
+        if not res.ok:
+            res.failed_checks += (_failed_check(res),)
+        return res
+
+    def run(self, requests: Sequence[tuple[str, Any]],
+            params: SamplingParams | Sequence[SamplingParams],
+            max_tokens: int | None | Sequence[int | None] = None,
+            retry: RetryPolicy | None = None) -> list[TaskResult]:
+        """Answer ``(task name, input)`` requests as one batch (sampling: one for all or one
+        per request); each answer gets at most ``max_tokens`` (one for all or one per
+        request; default and upper bound: the task's own); ``retry``: verified retries of
+        answers that fail validation, as the daemon does them."""
+        all_params = ([params] * len(requests) if isinstance(params, SamplingParams)
+                      else list(params))
+        caps = (list(max_tokens) if isinstance(max_tokens, Sequence)
+                else [max_tokens] * len(requests))
+        results: list[TaskResult | None] = []
+        todo: list[Prepared] = []
+        slots: list[int] = []
+        for (name, data), req_params, cap in zip(requests, all_params, caps, strict=True):
+            p = self.prepare(name, data, req_params, cap)
+            if isinstance(p, TaskResult):
+                results.append(p)
+                continue
+            results.append(None)
+            todo.append(p)
+            slots.append(len(results) - 1)
+        if todo:
+            try:
+                gens = generate(self.engine, self.tokenizer, [p.ids for p in todo],
+                                [p.params for p in todo],
+                                constraints=[p.constraint for p in todo], prefix=self.prefix)
+            except RungError as e:  # one failed step answers every row of the batch
+                for slot in slots:
+                    results[slot] = _fail(requests[slot][0], "internal", str(e))
+                return [r for r in results if r is not None]
+            for slot, p, gen in zip(slots, todo, gens, strict=True):
+                results[slot] = self.finish(p, gen)
+            while retry is not None:
+                again = [(slot, self.retry(p, retry, res)) for slot, p in zip(slots, todo,
+                                                                               strict=True)
+                         if (res := results[slot]) is not None and retry.allows(p, res)]
+                if not again:
+                    break
+                slots, todo = [s for s, _ in again], [p for _, p in again]
+                gens = generate(self.engine, self.tokenizer, [p.ids for p in todo],
+                                [p.params for p in todo],
+                                constraints=[p.constraint for p in todo], prefix=self.prefix)
+                for slot, p, gen in zip(slots, todo, gens, strict=True):
+                    results[slot] = self.finish(p, gen)
+        return [r for r in results if r is not None]
+
+    def prompt_ids(self, task: Task, data: Any) -> list[int]:
+        """The token ids of a request's prompt (system prompt + rendered user prompt)."""
+        return self.tokenizer.encode(self.render(task.messages(data)), add_bos=None)
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """The chat as text; a template without a system role gets the system prompt at
+        the head of the user message instead."""
+        try:
+            return self.tokenizer.render_chat(messages)
+        except TokenizerError:
+            if messages[0]["role"] != "system":
+                raise
+            merged = f"{messages[0]['content']}\n\n{messages[1]['content']}"
+            return self.tokenizer.render_chat([{"role": "user", "content": merged}])
+
+    def warm(self) -> dict[str, int]:
+        """Prefill each task's fixed prompt head (the system prompt up to where the user's
+        text starts) once and pin it in the prefix cache; tokens pinned per task."""
+        if self.prefix is None:
+            return {}
+        sentinel = "\u2063rung\u2063"
+        pinned = {}
+        for name, task in self.tasks.items():
+            text = self.render([{"role": "system", "content": task.system_prompt},
+                                {"role": "user", "content": sentinel}])
+            cut = text.find(sentinel)
+            if cut < 0:  # the template rewrote the content: nothing fixed to pin
+                pinned[name] = 0
+                continue
+            head = self.tokenizer.encode(text[:cut], add_bos=None)
+            pinned[name] = self.prefix.warm(self.engine, head[:-1])  # the seam may re-merge
+        return pinned
+
+    def _finish(self, task: Task, data: Any, gen: Generation, constraint: Constraint,
+                prefix: str = "") -> TaskResult:
+        if gen.finish_reason == "error":   # this row's step failed; its neighbours went on
+            return _fail(task.name, "internal", f"generation failed: {gen.error}", gen)
+        if gen.finish_reason == "length" and not constraint.accepting:
+            return _fail(task.name, "truncated", f"max_tokens reached after "
+                         f"{len(gen.token_ids)} tokens before the JSON closed", gen)
+        gen.text = prefix + gen.text   # the whole answer (its computed start included)
+        try:
+            output = json.loads(gen.text)
+        except json.JSONDecodeError as e:
+            return _fail(task.name, "invalid_output", f"output is not JSON ({e})", gen)
+        ok, validation = validate_output(task.output_schema, task.validators, output, data)
+        error = None if ok else {"code": "invalid_output", "message": _first_error(validation)}
+        return TaskResult(task.name, ok, output, validation, error, gen)
+
+
+def _failed_check(res: TaskResult) -> str:
+    """The first failed validation section (or the error code)."""
+    for name, section in (res.validation or {}).items():
+        if isinstance(section, dict) and not section.get("ok", True):
+            return name
+    return (res.error or {}).get("code", "internal")
+
+
+def _first_error(validation: Mapping[str, Any]) -> str:
+    for name, section in validation.items():
+        if isinstance(section, dict) and not section.get("ok", True):
+            errs = section.get("errors") or [{}]
+            return f"{name}: {errs[0].get('message', 'failed')}"
+    return "validation failed"

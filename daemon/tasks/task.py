@@ -1,0 +1,151 @@
+"""Tasks as data: one YAML file per task in ``configs/tasks/``, loaded and checked once.
+
+A task names its prompts, an input JSON Schema, an output JSON Schema (draft 2020-12), its
+token budget and the semantic validators to run. Loading refuses, naming the file and the
+key: invalid YAML, a missing or mistyped key, an invalid schema, a schema keyword the
+constraint engine cannot enforce (never a fallback to unconstrained generation), a prompt
+template field that the input schema does not define, an unknown validator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.meta
+import jinja2.sandbox
+import jsonschema
+import yaml
+
+from rung.daemon.tasks.validate import VALIDATORS
+from rung.engines.errors import RungError
+from rung.engines.grammar import unenforceable_keywords
+
+# optional input fields render as empty; unknown top-level fields are refused at load
+_ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+
+class TaskError(RungError):
+    """A task file is unusable, or a task input is invalid."""
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    description: str
+    system_prompt: str
+    prompt_template: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+    max_tokens: int
+    validators: tuple[str, ...]
+    path: Path
+
+    def check_input(self, data: Any) -> None:
+        """Raises TaskError naming the first violation of the input schema."""
+        err = jsonschema.exceptions.best_match(
+            jsonschema.Draft202012Validator(self.input_schema).iter_errors(data))
+        if err is not None:
+            where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
+            raise TaskError(f"task {self.name}: input {where}: {err.message}",
+                            "see the task's input_schema")
+
+    def messages(self, data: Mapping[str, Any]) -> list[dict[str, str]]:
+        """The chat for one input: system prompt + the rendered user prompt."""
+        try:
+            user = _ENV.from_string(self.prompt_template).render(
+                **{k: data.get(k) for k in self.input_schema.get("properties", {})})
+        except (jinja2.TemplateError, TypeError, ValueError, AttributeError) as e:
+            raise TaskError(f"task {self.name}: prompt_template cannot render this input "
+                            f"({e})") from e
+        return [{"role": "system", "content": self.system_prompt},
+                {"role": "user", "content": user}]
+
+
+_KEYS: dict[str, type | tuple[type, ...]] = {
+    "name": str, "description": str, "system_prompt": str, "prompt_template": str,
+    "input_schema": dict, "output_schema": dict, "max_tokens": int, "validators": list}
+
+
+def load_task(path: Path) -> Task:
+    """Read and check one task file."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskError(f"{path}: cannot read ({e})") from e
+    except yaml.YAMLError as e:
+        raise TaskError(f"{path}: invalid YAML ({e})".replace("\n", " ")) from e
+    if not isinstance(raw, dict):
+        raise TaskError(f"{path}: a task file is a mapping of keys")
+    for key, typ in _KEYS.items():
+        if key not in raw:
+            raise TaskError(f"{path}: missing key '{key}'")
+        if not isinstance(raw[key], typ) or (typ is int and isinstance(raw[key], bool)):
+            raise TaskError(f"{path}: key '{key}' must be {getattr(typ, '__name__', typ)}")
+    unknown = sorted(set(raw) - set(_KEYS))
+    if unknown:
+        raise TaskError(f"{path}: unknown key '{unknown[0]}'")
+    if raw["max_tokens"] < 1:
+        raise TaskError(f"{path}: key 'max_tokens' must be positive")
+    for key in ("input_schema", "output_schema"):
+        _check_schema(path, key, raw[key])
+    _check_template(path, raw["prompt_template"], raw["input_schema"])
+    for v in raw["validators"]:
+        if v not in VALIDATORS:
+            raise TaskError(f"{path}: key 'validators': unknown validator {v!r}",
+                            f"known: {', '.join(VALIDATORS)}")
+    return Task(name=raw["name"], description=raw["description"],
+                system_prompt=raw["system_prompt"], prompt_template=raw["prompt_template"],
+                input_schema=raw["input_schema"], output_schema=raw["output_schema"],
+                max_tokens=raw["max_tokens"], validators=tuple(raw["validators"]),
+                path=Path(path))
+
+
+def _check_schema(path: Path, key: str, schema: dict[str, Any]) -> None:
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path)
+        raise TaskError(f"{path}: key '{key}' is not a valid JSON Schema at '{where}': "
+                        f"{e.message}") from e
+    if key == "output_schema":
+        bad = unenforceable_keywords(schema)
+        if bad:
+            raise TaskError(f"{path}: key '{key}' uses {', '.join(repr(b) for b in bad)}, "
+                            "which constrained decoding cannot enforce",
+                            "rewrite the schema without it")
+
+
+def _check_template(path: Path, template: str, input_schema: dict[str, Any]) -> None:
+    try:
+        fields = jinja2.meta.find_undeclared_variables(_ENV.parse(template))
+    except jinja2.TemplateSyntaxError as e:
+        raise TaskError(f"{path}: key 'prompt_template' line {e.lineno}: {e.message}") from e
+    known = set(input_schema.get("properties", {}))
+    unknown = sorted(fields - known)
+    if unknown:
+        raise TaskError(f"{path}: key 'prompt_template' uses field '{unknown[0]}', which "
+                        "input_schema does not define", f"defined: {', '.join(sorted(known))}")
+
+
+def builtin_tasks_dir() -> Path:
+    return Path(str(resources.files("rung.configs") / "tasks"))
+
+
+def load_tasks(directory: Path | None = None) -> dict[str, Task]:
+    """All ``*.yaml`` tasks in ``directory`` (default: the built-in ones), by name."""
+    directory = Path(directory) if directory is not None else builtin_tasks_dir()
+    if not directory.is_dir():
+        raise TaskError(f"{directory}: no task directory")
+    tasks: dict[str, Task] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        task = load_task(path)
+        if task.name in tasks:
+            raise TaskError(f"{path}: task name {task.name!r} also defined in "
+                            f"{tasks[task.name].path}")
+        tasks[task.name] = task
+    return tasks

@@ -1,0 +1,298 @@
+"""rung's Sparkplug B edge node against real mosquitto: births, the NDEATH Will when the
+connection dies, bdSeq and seq numbering, diagnosis data, rebirth on NCMD, the primary host;
+payloads decoded by a host with the Sparkplug B message definitions, and once by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rung.daemon.config import MQTTConfig
+from rung.daemon.demo.localbroker import LocalBroker
+from rung.daemon.modbus.regmap import load_map
+from rung.daemon.plant.sparkplug import Device, EdgeNode, SparkplugError
+from rung.daemon.plant.sparkplug_link import SparkplugLink
+from rung.daemon.plant.sparkplug_metrics import Point, device_metrics
+from rung.daemon.plant.sparkplug_pb import DataType, Payload
+from tests.daemon.sparkplug_host import Host, Relay
+
+GROUP, NODE = "Plant1", "rung-node1"
+PRESS = Device("press1", "Hydraulic press 1", (Point("oil_temp", "number", "degC"),
+                                                Point("pressure", "number", "bar"),
+                                                Point("pump_on", "bool")))
+OVEN = Device("oven2", "", (Point("zone1", "number", "degC"),))
+EVENT: dict[str, Any] = {
+    "plc": "press1", "req_seq": 42, "time": "2025-03-04T06:20:11Z", "err": 0,
+    "err_text": "success", "result": 3,
+    "snapshot": {"oil_temp": 85.3, "pressure": 92.5, "pump_on": True},
+    "diagnosis": {"ok": True, "output": {
+        "state_detection": [{"point": "oil_temp", "state": "alarm"},
+                            {"point": "pressure", "state": "alert"}],
+        "health_assessment": [
+            {"fault": "internal leakage", "component": "pump", "confidence": 0.4,
+             "evidence": ["pressure"]},
+            {"fault": "oil cooler fouled", "component": "oil cooler", "confidence": 0.6,
+             "evidence": ["oil_temp"]}],
+        "prognosis": {"status": "assessed", "remaining_useful_life_h": 120.0},
+        "advisory": {"priority": "high", "requires_human_confirmation": True,
+                     "actions": ["Check the oil cooler", "Measure case drain flow"]}}}}
+
+
+def topic(kind: str, device: str | None = None) -> str:
+    return f"spBv1.0/{GROUP}/{kind}/{NODE}" + (f"/{device}" if device else "")
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[LocalBroker]:
+    b = LocalBroker(tmp_path / "broker")
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def host(broker: LocalBroker) -> Iterator[Host]:
+    h = Host(broker.port)
+    yield h
+    h.close()
+
+
+async def _until(host: Host, what: str, cond: Any, start: int = 0) -> list[Any]:
+    return await asyncio.to_thread(host.wait, what, cond, start)
+
+
+async def _kinds(host: Host, kinds: list[str], start: int = 0) -> list[Any]:
+    return await asyncio.to_thread(host.wait_kinds, kinds, start)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_edge_node_session_on_a_real_broker(broker: LocalBroker, host: Host, tmp_path: Path,
+                                           protocol: str) -> None:
+    bd_file = tmp_path / "state" / "sparkplug-bdseq"
+    bd_file.parent.mkdir()
+
+    async def scenario() -> None:
+        relay = Relay(broker.port)
+        await relay.start()
+        node = EdgeNode(GROUP, NODE, [PRESS, OVEN], node_info={"Version": "0.1.0"},
+                        bd_seq_path=bd_file)
+        link = SparkplugLink(node, MQTTConfig(port=relay.port, protocol=protocol,
+                                              reconnect_min_s=0.1, reconnect_max_s=0.5),
+                             "rung-node1-spb")
+        task = asyncio.ensure_future(link.run())
+        try:
+            await _session(host, link, relay)
+        finally:
+            link.stop()
+            await asyncio.wait_for(task, 10)
+            await relay.close()
+
+    asyncio.run(scenario())
+    assert bd_file.read_text().strip() == "1"
+    again = EdgeNode(GROUP, NODE, [PRESS], bd_seq_path=bd_file)
+    assert again.will().topic == topic("NDEATH") and again.bd_seq == 2  # kept across restarts
+
+
+async def _session(host: Host, link: SparkplugLink, relay: Relay) -> None:
+    # births: NBIRTH (seq 0, bdSeq 0, rebirth false), a DBIRTH per PLC declaring everything
+    nbirth, press, oven = await _kinds(host, ["NBIRTH", "DBIRTH", "DBIRTH"])
+    assert (nbirth.topic, nbirth.seq, nbirth.qos, nbirth.retain) == (topic("NBIRTH"), 0, 0,
+                                                                     False)
+    assert nbirth.metrics() == {"bdSeq": 0, "Node Control/Rebirth": False,
+                                "Properties/Version": "0.1.0"}
+    assert nbirth.datatypes()["bdSeq"] == DataType.INT64
+    assert (press.topic, press.seq, oven.topic, oven.seq) == (
+        topic("DBIRTH", "press1"), 1, topic("DBIRTH", "oven2"), 2)
+    declared = press.metrics()
+    assert {"Diagnosis/Priority", "Diagnosis/Top Fault", "Diagnosis/Remaining Useful Life",
+            "Diagnosis/Request Id", "Points/oil_temp/State", "Points/pump_on/Value"} <= set(
+        declared)
+    assert declared["Diagnosis/Priority"] is None and declared["Properties/Description"] == \
+        "Hydraulic press 1"
+    assert press.datatypes()["Points/pump_on/Value"] == DataType.BOOLEAN
+
+    # a diagnosis: DDATA, seq 3
+    mark = len(host.since())
+    link.diagnosis("press1", EVENT)
+    (ddata,) = await _kinds(host, ["DDATA"], mark)
+    assert (ddata.topic, ddata.seq, ddata.qos, ddata.retain) == (topic("DDATA", "press1"), 3,
+                                                                 0, False)
+    values = ddata.metrics()
+    assert values["Diagnosis/Request Id"] == "press1-42-diagnosis"
+    assert values["Diagnosis/Priority"] == "high" and values["Diagnosis/Priority Code"] == 3
+    assert values["Diagnosis/Top Fault"] == "oil cooler fouled"
+    assert values["Diagnosis/Top Fault Confidence"] == pytest.approx(0.6)
+    assert values["Diagnosis/Remaining Useful Life"] == pytest.approx(120.0)
+    assert values["Points/oil_temp/State"] == "alarm" and values["Points/pump_on/Value"] is True
+    assert values["Points/pressure/Value"] == pytest.approx(92.5)
+    assert set(values) <= set(declared)  # nothing that the DBIRTH did not declare
+
+    # NCMD rebirth false: nothing; true: NBIRTH (same bdSeq, seq 0) and DBIRTHs with the data
+    mark = len(host.since())
+    host.command(topic("NCMD"), rebirth=False)
+    host.command(topic("NCMD"), rebirth=True)
+    nbirth, press, _oven = await _kinds(host, ["NBIRTH", "DBIRTH", "DBIRTH"], mark)
+    assert (nbirth.seq, nbirth.metrics()["bdSeq"], press.seq) == (0, 0, 1)
+    assert press.metrics()["Diagnosis/Priority"] == "high"
+
+    # seq runs 0..255 and wraps, across DDATA, DDEATH and DBIRTH
+    mark = len(host.since())
+    for _ in range(300):
+        link.diagnosis("oven2", {"req_seq": 1, "snapshot": {"zone1": 180.0}})
+    link.plc_link("oven2", up=False)
+    link.plc_link("oven2", up=False)  # once only
+    link.diagnosis("oven2", {"req_seq": 2})  # nothing for a dead device
+    link.plc_link("oven2", up=True)
+    got = await _until(host, "300 DDATA, DDEATH, DBIRTH", lambda s: len(s) >= 302, mark)
+    assert [s.seq for s in got] == [(3 + i) % 256 for i in range(302)]
+    assert [s.kind for s in got[300:]] == ["DDEATH", "DBIRTH"]
+    assert got[300].metrics() == {} and got[300].topic == topic("DDEATH", "oven2")
+
+    # the connection dies without DISCONNECT: the broker publishes the Will (bdSeq 0),
+    # the node reconnects with bdSeq 1 and is born again
+    mark = len(host.since())
+    relay.cut()
+    ndeath, nbirth = await _kinds(host, ["NDEATH", "NBIRTH"], mark)
+    assert ndeath.topic == topic("NDEATH") and ndeath.metrics() == {"bdSeq": 0}
+    assert ndeath.seq is None and (ndeath.qos, ndeath.retain) == (1, False)
+    assert (nbirth.seq, nbirth.metrics()["bdSeq"]) == (0, 1)
+    assert link.connections == 2
+
+    # a clean stop: the node's own NDEATH with the current bdSeq
+    mark = len(host.since())
+    link.stop()
+    got = await _until(host, "NDEATH", lambda s: any(x.kind == "NDEATH" for x in s), mark)
+    assert [s.metrics() for s in got if s.kind == "NDEATH"] == [{"bdSeq": 1}]
+
+
+def _wire(buf: bytes) -> list[tuple[int, int | bytes]]:
+    """Protocol buffer fields (number, varint or bytes), read by hand: the payload checked
+    against the field numbers of the Sparkplug B specification, not our own definitions."""
+    out, i = [], 0
+
+    def varint() -> int:
+        nonlocal i
+        shift = value = 0
+        while True:
+            b = buf[i]
+            i += 1
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return value
+
+    while i < len(buf):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            out.append((number, varint()))
+        elif wire == 2:
+            n = varint()
+            out.append((number, buf[i:i + n]))
+            i += n
+        else:
+            raise AssertionError(f"unexpected wire type {wire}")
+    return out
+
+
+def test_payload_bytes_follow_the_specification() -> None:
+    node = EdgeNode(GROUP, NODE, [PRESS], clock=lambda: 1700000000.5)
+    will = node.will()
+    nbirth = node.connected()[0]
+    fields = _wire(nbirth.payload)
+    # Payload: 1 timestamp, 2 metrics, 3 seq
+    assert fields[0] == (1, 1700000000500) and fields[-1] == (3, 0)
+    bd_seq = _wire(fields[1][1])  # type: ignore[arg-type]
+    # Metric: 1 name, 3 timestamp, 4 datatype, 11 long_value
+    assert (1, b"bdSeq") in bd_seq and (4, 4) in bd_seq and (11, 0) in bd_seq
+    rebirth = _wire(fields[2][1])  # type: ignore[arg-type]
+    assert (1, b"Node Control/Rebirth") in rebirth and (4, 11) in rebirth and (14, 0) in rebirth
+    death = _wire(will.payload)
+    assert [n for n, _ in death] == [1, 2]  # timestamp, metrics; never a seq
+
+
+def test_bd_seq_counts_connections_and_wraps() -> None:
+    node = EdgeNode(GROUP, NODE, [PRESS])
+    seqs = [Payload.FromString(node.will().payload).metrics[0].long_value for _ in range(258)]
+    assert seqs[:3] == [0, 1, 2] and seqs[255:] == [255, 0, 1]
+    births = node.connected()
+    assert Payload.FromString(births[0].payload).metrics[0].long_value == 1
+
+
+def test_primary_host_state_gates_the_session() -> None:
+    node = EdgeNode(GROUP, NODE, [PRESS], primary_host_id="scada1")
+    state = "spBv1.0/STATE/scada1"
+    assert node.subscriptions() == [(topic("NCMD"), 1), (state, 1)]
+    node.will()
+    assert node.connected() == []  # the host has not said online
+    births = node.handle(state, json.dumps({"online": True, "timestamp": 10}).encode())
+    assert [m.topic for m in births.messages] == [topic("NBIRTH"), topic("DBIRTH", "press1")]
+    assert node.handle(state, b'{"online": false, "timestamp": 5}').messages == []  # older
+    gone = node.handle(state, b'{"online": false, "timestamp": 11}')
+    assert gone.reconnect and [m.topic for m in gone.messages] == [topic("NDEATH")]
+    assert node.diagnosis("press1", EVENT) == []  # not born: kept for the next DBIRTH
+    assert node.handle(state, b"not json").messages == []
+    node.will()
+    assert node.connected() == []
+    again = node.handle(state, b'{"online": true, "timestamp": 12}').messages
+    dbirth = Payload.FromString(again[1].payload)
+    assert {m.name: m.string_value for m in dbirth.metrics}["Diagnosis/Priority"] == "high"
+
+
+def test_commands_that_are_no_rebirth_are_ignored() -> None:
+    node = EdgeNode(GROUP, NODE, [PRESS])
+    node.will()
+    node.connected()
+    assert node.handle(topic("NCMD"), b"\xff\xff garbage").messages == []
+    other = Payload()
+    other.metrics.add(name="Node Control/Reboot", datatype=DataType.BOOLEAN, boolean_value=True)
+    assert node.handle(topic("NCMD"), other.SerializeToString()).messages == []
+    assert node.handle("spBv1.0/Plant1/NCMD/another-node", b"").messages == []
+
+
+def test_a_failed_diagnosis_reports_err_and_no_advice() -> None:
+    failed = {**EVENT, "err": 2, "err_text": "invalid answer", "result": 0,
+              "diagnosis": {"ok": False, "output": EVENT["diagnosis"]["output"]}}
+    values = {m["name"]: m["value"] for m in device_metrics(PRESS, failed, "r1", birth=False)}
+    assert values["Diagnosis/Err"] == 2 and values["Diagnosis/Err Text"] == "invalid answer"
+    assert values["Diagnosis/Priority"] is None and values["Diagnosis/Top Fault"] is None
+    assert values["Points/oil_temp/Value"] == 85.3  # the snapshot is still what was read
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"group_id": "Plant/1"}, "group_id 'Plant/1'"),
+    ({"edge_node_id": ""}, "edge_node_id ''"),
+    ({"devices": [PRESS, PRESS]}, "two PLCs share an id"),
+    ({"devices": [Device("a+b")]}, "device id 'a\\+b'"),
+])
+def test_bad_identifiers_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {"group_id": GROUP, "edge_node_id": NODE, "devices": [PRESS],
+                            **kwargs}
+    with pytest.raises(SparkplugError, match=message):
+        EdgeNode(args.pop("group_id"), args.pop("edge_node_id"), args.pop("devices"))
+
+
+def test_calls_out_of_order_are_refused() -> None:
+    node = EdgeNode(GROUP, NODE, [PRESS])
+    with pytest.raises(SparkplugError, match="connected\\(\\) before will\\(\\)"):
+        node.connected()
+    with pytest.raises(SparkplugError, match="no device for PLC 'press9'"):
+        node.diagnosis("press9", EVENT)
+
+
+def test_devices_come_from_register_maps() -> None:
+    plc = load_map(Path(__file__).resolve().parents[3] / "configs" / "plcs" / "press1.yaml")
+    device = Device.from_map(plc)
+    assert device.id == "press1" and device.description == plc.description
+    assert [p.name for p in device.points] == [p.name for p in plc.points]
+    kinds = {p.name: (p.kind, p.unit) for p in device.points}
+    assert kinds["oil_temp"] == ("number", "degC") and kinds["pump_on"] == ("bool", None)
+    birth = device_metrics(device, {}, "", birth=True)
+    oil = next(m for m in birth if m["name"] == "Points/oil_temp/Value")
+    assert oil["unit"] == "degC" and oil["value"] is None

@@ -1,0 +1,109 @@
+"""Per-request output shapes: the task schema narrowed by the request, the answer's start
+computed by code. Unit checks of each shaper, then the real runner on the demo engine:
+what code computes cannot be contradicted, names outside the input cannot be generated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from rung.daemon.tasks.runner import TaskRunner
+from rung.daemon.tasks.shaping import shape, state_detection
+from rung.daemon.tasks.task import load_tasks
+from rung.daemon.tasks.validate import validate_output
+from rung.engines import load_engine
+from rung.engines.sampler import SamplingParams
+from rung.engines.tokenizer import Tokenizer
+
+TASKS = load_tasks()
+SNAPSHOT = {"asset": "Hydraulic press 1", "points": [
+    {"name": "oil_temp", "value": 86.2, "unit": "degC", "limits": {"alert": 70, "alarm": 85}},
+    {"name": "pressure", "value": 95.0, "unit": "bar",
+     "limits": {"low_alert": 100, "low_alarm": 80}},
+    {"name": "pump_on", "value": True},
+    {"name": "vibration", "value": 2.1, "limits": {"alert": 4.5, "alarm": 7.1}}]}
+
+
+def test_diagnosis_states_are_computed_and_evidence_names_come_from_the_input() -> None:
+    task = TASKS["diagnosis"]
+    s = shape(task.output_schema, task.validators, SNAPSHOT)
+    states = [{"point": "oil_temp", "state": "alarm"}, {"point": "pressure", "state": "alert"},
+              {"point": "vibration", "state": "normal"}]   # pump_on: no limits, not decided
+    assert state_detection(SNAPSHOT) == states
+    assert s.prefix == '{"state_detection":' + json.dumps(states, separators=(",", ":")) + ","
+    evidence = s.schema["properties"]["health_assessment"]["items"]["properties"]["evidence"]
+    assert evidence["items"] == {"enum": ["oil_temp", "pressure", "pump_on", "vibration"]}
+    # a narrowed schema accepts only answers of the published one
+    good = {"state_detection": states, "health_assessment": [], "prognosis": {
+        "status": "not_assessed"}, "advisory": {"priority": "high", "actions": ["a"],
+                                                "requires_human_confirmation": True}}
+    jsonschema.validate(good, s.schema)
+    jsonschema.validate(good, task.output_schema)
+    bad = dict(good, state_detection=[{"point": "oil_temp", "state": "normal"}])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, s.schema)
+    assert task.output_schema["properties"]["state_detection"]["type"] == "array"  # untouched
+
+
+def test_fault_tree_evidence_and_st_constants() -> None:
+    ft = TASKS["fault_tree"]
+    s = shape(ft.output_schema, ft.validators, {"top_event": "t", "system": "s",
+                                                "points": [{"name": "p1", "value": 1}]})
+    point = s.schema["properties"]["basic_events"]["items"]["properties"]["evidence"]
+    assert point["properties"]["point"] == {"enum": ["p1"]} and s.prefix == ""
+    assert shape(ft.output_schema, ft.validators, {"top_event": "t", "system": "s"}).schema \
+        is ft.output_schema
+    st = TASKS["st_code"]
+    s = shape(st.output_schema, st.validators, {"description": "d", "name": "FB_Pump",
+                                                "pou_type": "FUNCTION_BLOCK"})
+    assert s.schema["properties"]["name"] == {"const": "FB_Pump"}
+    assert s.schema["properties"]["pou_type"] == {"const": "FUNCTION_BLOCK"}
+
+
+@pytest.fixture(scope="module")
+def demo(edge_engine: Path) -> tuple[TaskRunner, TaskRunner]:
+    engine = load_engine(edge_engine)
+    tok = Tokenizer.load(edge_engine, engine.manifest.tokenizer)
+    return (TaskRunner(engine, tok, TASKS, edge_engine),
+            TaskRunner(engine, tok, TASKS, edge_engine, shaped=False))
+
+
+def _answer(runner: TaskRunner, task: str, data: dict[str, Any], **kw: Any) -> Any:
+    (r,) = runner.run([(task, data)], SamplingParams(**kw))
+    return r
+
+
+def test_the_demo_model_cannot_contradict_the_snapshot(
+        demo: tuple[TaskRunner, TaskRunner]) -> None:
+    shaped, _ = demo
+    r = _answer(shaped, "diagnosis", SNAPSHOT)
+    assert r.output is not None, r.error
+    assert r.output["state_detection"] == state_detection(SNAPSHOT)
+    assert json.loads(r.generation.text) == r.output   # the text is the whole answer
+    for h in r.output["health_assessment"]:
+        assert set(h["evidence"]) <= {p["name"] for p in SNAPSHOT["points"]}
+    ok, validation = validate_output(TASKS["diagnosis"].output_schema, ("diagnosis",),
+                                     r.output, SNAPSHOT)
+    assert validation["diagnosis"]["ok"], validation
+    # sampled answers too: 5 seeds, every one agrees with the snapshot
+    for seed in range(5):
+        s = _answer(shaped, "diagnosis", SNAPSHOT, temperature=1.0, seed=seed)
+        if s.output is not None:
+            assert s.output["state_detection"] == state_detection(SNAPSHOT)
+
+
+def test_an_st_answer_keeps_the_requested_name_and_type(
+        demo: tuple[TaskRunner, TaskRunner]) -> None:
+    shaped, plain = demo
+    data = {"description": "Start the hydraulic pump when the press door is closed.",
+            "name": "FB_PressPump", "pou_type": "FUNCTION_BLOCK"}
+    for seed in range(3):
+        r = _answer(shaped, "st_code", data, temperature=1.0, seed=seed)
+        if r.output is not None:
+            assert (r.output["name"], r.output["pou_type"]) == ("FB_PressPump",
+                                                               "FUNCTION_BLOCK")
+    assert shaped.prepare("st_code", data, SamplingParams()).grammar_ms >= 0  # type: ignore

@@ -1,0 +1,74 @@
+"""Output validation: the schema first, then the task's semantic validators."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rung.daemon.tasks.task import load_tasks
+from rung.daemon.tasks.validate import expected_state, validate_output
+
+SNAPSHOT = {"asset": "Pump 3", "points": [
+    {"name": "oil_temp", "value": 91.0, "unit": "degC", "limits": {"alert": 70, "alarm": 85}},
+    {"name": "pressure", "value": 95.0, "unit": "bar",
+     "limits": {"low_alarm": 80, "low_alert": 100}},
+    {"name": "pump_on", "value": True}]}
+
+
+def _diagnosis(**changes: Any) -> dict[str, Any]:
+    good: dict[str, Any] = {
+        "state_detection": [{"point": "oil_temp", "state": "alarm"},
+                            {"point": "pressure", "state": "alert"},
+                            {"point": "pump_on", "state": "normal"}],
+        "health_assessment": [{"fault": "internal leak", "component": "pump",
+                               "confidence": 0.6, "evidence": ["oil_temp", "pressure"]}],
+        "prognosis": {"status": "not_assessed", "reason": "no trend data"},
+        "advisory": {"priority": "high", "actions": ["reduce load", "inspect pump seals"],
+                     "requires_human_confirmation": True}}
+    good.update(changes)
+    return good
+
+
+def _check(output: Any) -> tuple[bool, dict[str, Any]]:
+    task = load_tasks()["diagnosis"]
+    return validate_output(task.output_schema, task.validators, output, SNAPSHOT)
+
+
+def test_good_diagnosis_passes() -> None:
+    ok, v = _check(_diagnosis())
+    assert ok and v["schema"]["ok"] and v["diagnosis"]["ok"]
+
+
+def test_state_contradicting_limits_is_flagged() -> None:
+    ok, v = _check(_diagnosis(state_detection=[{"point": "oil_temp", "state": "normal"}]))
+    assert not ok
+    assert v["diagnosis"]["errors"] == [{"path": "state_detection/0/state", "message":
+                                         "oil_temp = 91.0 is alarm by its limits, not normal"}]
+
+
+def test_unknown_points_are_flagged() -> None:
+    ok, v = _check(_diagnosis(
+        state_detection=[{"point": "flux", "state": "normal"}],
+        health_assessment=[{"fault": "x", "component": "y", "confidence": 0.1,
+                            "evidence": ["vibration"]}]))
+    assert not ok
+    assert [e["path"] for e in v["diagnosis"]["errors"]] == [
+        "state_detection/0/point", "health_assessment/0/evidence/0"]
+
+
+def test_schema_violation_stops_semantic_checks() -> None:
+    bad = _diagnosis(advisory={"priority": "high", "actions": ["x"],
+                               "requires_human_confirmation": False})
+    ok, v = _check(bad)
+    assert not ok and not v["schema"]["ok"] and "diagnosis" not in v
+    assert v["schema"]["errors"][0]["path"] == "advisory/requires_human_confirmation"
+
+
+@pytest.mark.parametrize("value,limits,state", [
+    (50, {"alert": 70, "alarm": 85}, "normal"), (70, {"alert": 70, "alarm": 85}, "alert"),
+    (85, {"alert": 70, "alarm": 85}, "alarm"), (79, {"low_alarm": 80}, "alarm"),
+    (99, {"low_alert": 100, "low_alarm": 80}, "alert"), (True, {"alarm": 1}, None),
+    (None, {"alarm": 1}, None), (3, {}, None)])
+def test_expected_state(value: Any, limits: dict[str, float], state: str | None) -> None:
+    assert expected_state(value, limits) == state
