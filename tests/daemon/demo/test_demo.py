@@ -23,9 +23,11 @@ def test_demo_from_empty_cache_then_reuses_it(tmp_path: Path) -> None:
     for task in ("st_code", "fault_tree", "diagnosis"):
         assert f"=== {task}:" in first.stdout
     assert first.stdout.count(" answers to held-out ") == 3
-    # each task answers some held-out requests validly (the model card's rates, issue 17)
+    # at least 4 of 5 held-out answers per task pass every check (shapes and retries), and
+    # the diagnosis the PLC triggers is valid: err 0 handed back
     valid = [int(n) for n in re.findall(r"--- (\d+) of 5 answers to held-out", first.stdout)]
-    assert len(valid) == 3 and all(n >= 1 for n in valid), valid
+    assert len(valid) == 3 and all(n >= 4 for n in valid), valid
+    assert "--- handed back to the PLC: err = 0 (success)" in first.stdout
     assert "writing ONNX graph" in first.stderr
     assert "daemon ready" in first.stderr and "=== metrics" in first.stderr
     assert "st_code     5 requests" in first.stderr
