@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # a stub-only type
     from llguidance._lib import JsonCompileOptions
 
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
+CACHE_SIZE = 512   # compiled grammars kept (the task schemas and the recent narrowed ones)
 
 
 class GrammarError(RungError):
@@ -54,7 +56,7 @@ class GrammarCompiler:
             raise GrammarError(f"{tokenizer_json}: llguidance cannot use this tokenizer ({e})",
                                "export the model with a tokenizer.json from `tokenizers`") from e
         self.vocab_size = vocab_size
-        self._cache: dict[str, str] = {}
+        self._cache: OrderedDict[str, str] = OrderedDict()   # LRU: requests narrow schemas
 
     def compile(self, schema: dict[str, Any]) -> str:
         """The grammar for ``schema``.
@@ -64,6 +66,7 @@ class GrammarCompiler:
         """
         key = json.dumps(schema, sort_keys=True)
         if key in self._cache:
+            self._cache.move_to_end(key)
             return self._cache[key]
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
@@ -74,20 +77,38 @@ class GrammarCompiler:
             raise GrammarError(f"schema cannot be enforced: {detail}",
                                f"remove or rewrite {', '.join(bad)}" if bad else None)
         self._cache[key] = grammar
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
         return grammar
 
     def constraint(self, grammar: str) -> Constraint:
-        return Constraint(llguidance.LLMatcher(self.tokenizer, grammar), self.vocab_size)
+        return Constraint(llguidance.LLMatcher(self.tokenizer, grammar), self.vocab_size,
+                          self)
+
+
+# (tokens consumed so far) -> the grammar for the whole document from here on, or None
+Restage = Callable[[list[int]], str | None]
 
 
 class Constraint:
-    """One sequence's position in its grammar."""
+    """One sequence's position in its grammar.
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    A grammar may be narrowed once while decoding (``restage``): after each token the
+    callback sees the tokens so far and may return a grammar that also accepts them, built
+    from what they say (e.g. references that must now resolve); the matcher is rebuilt on
+    it and the tokens replayed, so the rest is generated under it.
+    """
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int,
+                 compiler: GrammarCompiler | None = None) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.compiler = compiler
         self._bits = allocate_token_bitmask(1, vocab_size)
         self.mask_seconds: list[float] = []  # time to compute each step's mask
+        self.tokens: list[int] = []          # consumed so far
+        self.restage: Restage | None = None
+        self.restaged = False
 
     def allowed(self) -> np.ndarray:
         """Boolean mask [V]: tokens the grammar accepts next (EOS once it is complete)."""
@@ -102,6 +123,21 @@ class Constraint:
     def consume(self, token: int) -> None:
         if not self.matcher.consume_token(token):
             raise GrammarError(f"constraint rejected token {token}: {self.matcher.get_error()}")
+        self.tokens.append(token)
+        if self.restage is not None:
+            grammar = self.restage(self.tokens)
+            if grammar is not None:
+                self._rebuild(grammar)
+
+    def _rebuild(self, grammar: str) -> None:
+        """Continue under ``grammar``: a new matcher that has consumed the same tokens."""
+        if self.compiler is None:
+            raise GrammarError("a constraint without its compiler cannot be narrowed")
+        matcher = llguidance.LLMatcher(self.compiler.tokenizer, grammar)
+        if matcher.try_consume_tokens(self.tokens) != len(self.tokens):
+            raise GrammarError("the narrowed grammar does not accept the answer so far: "
+                               f"{matcher.get_error()}")
+        self.matcher, self.restage, self.restaged = matcher, None, True
 
     @property
     def accepting(self) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -133,6 +133,8 @@ class TaskRunner:
         grammar = (self.grammars[task.name] if shape.schema is task.output_schema
                    else self.compiler.compile(shape.schema))
         constraint = self.compiler.constraint(grammar)
+        if shape.restage is not None:
+            constraint.restage = self._restager(shape.restage)
         # the last token of the computed start is left to the model (token healing): the
         # text after it is forced by the grammar anyway, and the model picks the tokens it
         # would have written at that seam
@@ -149,13 +151,24 @@ class TaskRunner:
         """The next attempt at a request whose answer (``failed``) failed validation: the
         same prompt and shape, sampled at ``policy.temperature`` at least, another seed."""
         params = prepared.params
-        seed = (params.seed or 0) + 7919 * prepared.attempt   # a different draw each try
+        seed = (params.seed or 0) + prepared.attempt   # a different draw each try
         constraint, _, _ = self._shaped(prepared.task, prepared.data)
         return replace(prepared, constraint=constraint, attempt=prepared.attempt + 1,
                        failed_checks=failed.failed_checks,
                        params=replace(params, seed=seed,
                                       temperature=max(params.temperature,
                                                       policy.temperature)))
+
+    def _restager(self, restage: Callable[[str], dict[str, Any] | None]
+                  ) -> Callable[[list[int]], str | None]:
+        """A shape's restage on answer text, as a constraint's on tokens (the text is
+        decoded only when the last token can have closed a marker: it holds a '[')."""
+        def on_tokens(tokens: list[int]) -> str | None:
+            if "[" not in self.tokenizer.decode(tokens[-1:]):
+                return None
+            schema = restage(self.tokenizer.decode(tokens))
+            return None if schema is None else self.compiler.compile(schema)
+        return on_tokens
 
     def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:
         """Parse and validate a finished generation (a validator bug answers

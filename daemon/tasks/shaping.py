@@ -33,6 +33,9 @@ Schema = dict[str, Any]
 class Shape:
     schema: Schema
     prefix: str = ""      # compact JSON the answer starts with (computed by code)
+    # (the answer's text so far) -> the schema the rest must follow, once the text decides
+    # it (None: not yet); applied once while decoding
+    restage: Callable[[str], Schema | None] | None = None
 
 
 def compact(value: Any) -> str:
@@ -71,14 +74,71 @@ def _diagnosis(schema: Schema, data: Mapping[str, Any]) -> Shape:
     return Shape(s, '{"state_detection":' + compact(states) + ",")
 
 
+EVENTS_MARK = '"basic_events":['
+
+
 def _fault_tree(schema: Schema, data: Mapping[str, Any]) -> Shape:
-    names = _point_names(data)
-    if not names:
-        return Shape(schema)
     s = copy.deepcopy(schema)
-    event = s["properties"]["basic_events"]["items"]["properties"]
-    event["evidence"]["properties"]["point"] = {"enum": names}
-    return Shape(s)
+    names = _point_names(data)
+    if names:
+        event = s["properties"]["basic_events"]["items"]["properties"]
+        event["evidence"]["properties"]["point"] = {"enum": names}
+    gates = s["properties"]["gates"]
+    gates["items"] = {"anyOf": _gate_kinds(gates["items"])}
+    return Shape(s, restage=lambda text: _declare_referenced(s, text))
+
+
+def _gate_kinds(gate: Schema) -> list[Schema]:
+    """A gate's schema per type, with the arity and fields its type needs: AND/OR at least
+    2 inputs; ATLEAST its k; NOT one input; INHIBIT one input and a condition."""
+    props = gate["properties"]
+
+    def kind(types: list[str], inputs: tuple[int, int], with_k: bool = False,
+             with_condition: bool = False) -> Schema:
+        p = {"id": props["id"], "type": {"enum": types}}
+        if with_k:
+            p["k"] = props["k"]
+        p["inputs"] = {**props["inputs"], "minItems": inputs[0], "maxItems": inputs[1]}
+        if with_condition:
+            p["condition"] = props["condition"]
+        p["description"] = props["description"]
+        required = ["id", "type", *(["k"] if with_k else []), "inputs",
+                    *(["condition"] if with_condition else [])]
+        return {"type": "object", "additionalProperties": False, "required": required,
+                "properties": p}
+
+    most = props["inputs"]["maxItems"]
+    return [kind(["AND", "OR"], (2, most)), kind(["ATLEAST"], (1, most), with_k=True),
+            kind(["NOT"], (1, 1)), kind(["INHIBIT"], (1, 1), with_condition=True)]
+
+
+def _declare_referenced(schema: Schema, text: str) -> Schema | None:
+    """Once the gates are written (the text reaches ``"basic_events":[``): the basic
+    events must be exactly the ids the top and the gates name that no gate declares, in
+    the order they were named, so no reference can dangle. (A gate input meant as a gate
+    that was never written becomes an undeveloped basic event.)"""
+    cut = text.find(EVENTS_MARK)   # the token that closed it may carry more ('[{"')
+    if cut < 0:
+        return None
+    try:
+        head = json.loads(text[:cut].rstrip(",") + "}")
+    except json.JSONDecodeError:
+        return None
+    gates = head.get("gates") or []
+    declared = {g.get("id") for g in gates}
+    named = [head.get("top")] + [ref for g in gates
+                                 for ref in [*g.get("inputs", []), g.get("condition")]]
+    needed = [r for r in dict.fromkeys(named) if isinstance(r, str) and r not in declared]
+    if not needed:
+        return None
+    s = copy.deepcopy(schema)
+    events = s["properties"]["basic_events"]
+    item = events.pop("items")
+    events["prefixItems"] = [
+        {**item, "properties": {**item["properties"], "id": {"const": r}}} for r in needed]
+    events["items"] = False
+    events["minItems"] = events["maxItems"] = len(needed)
+    return s
 
 
 def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:

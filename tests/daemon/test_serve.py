@@ -248,40 +248,92 @@ def test_a_refusal_round_trip_takes_single_digit_milliseconds(
     assert statistics.median(rtts) < 10, rtts
 
 
-def test_invalid_output_carries_output_and_validation(served: tuple[Broker, Daemon]) -> None:
-    broker, _ = served
+PROBE_TASK = """
+name: probe
+description: A POU whose body the grammar picks from a few; only one uses what is declared.
+system_prompt: Write the POU.
+prompt_template: "{{ description }}"
+max_tokens: 128
+validators: [st]
+input_schema:
+  type: object
+  additionalProperties: false
+  required: [description]
+  properties: {description: {type: string}}
+output_schema:
+  type: object
+  additionalProperties: false
+  required: [pou_type, name, variables, body]
+  properties:
+    pou_type: {const: PROGRAM}
+    name: {const: P_Probe}
+    variables:
+      type: array
+      minItems: 1
+      maxItems: 1
+      items: false
+      prefixItems:
+        - type: object
+          additionalProperties: false
+          required: [section, name, type]
+          properties: {section: {const: VAR}, name: {const: x}, type: {const: INT}}
+    body: {enum: [%s]}
+"""
+
+
+def _probe_daemon(root: Path, edge_engine: Path, port: int, bodies: str,
+                  **sections: Any) -> Daemon:
+    """rung serve with the built-in tasks and a probe task whose answers the grammar
+    keeps to ``bodies``: undeclared identifiers fail the st check, ``x`` passes."""
+    import shutil
+
+    from rung.daemon.tasks.task import builtin_tasks_dir
+
+    tasks = root / "tasks"
+    shutil.copytree(builtin_tasks_dir(), tasks)
+    (tasks / "probe.yaml").write_text(PROBE_TASK % bodies)
+    return Daemon(write_config(root, edge_engine, port, tasks_dir=str(tasks), **sections))
+
+
+def test_invalid_output_carries_output_and_validation(broker: Broker, edge_engine: Path,
+                                                      tmp_path: Path) -> None:
+    daemon = _probe_daemon(tmp_path, edge_engine, broker.port, '"y := 1;"')
+    daemon.start()
     req = Requester(broker.port, v5=True)
     try:
-        req.send("fault_tree", {"input": FT_INVALID}, correlation="ft",
+        req.send("probe", {"input": {"description": "set y"}}, correlation="p",
                  response_topic=req.reply_topic)
         (reply,) = req.wait(1, 120)
     finally:
         req.close()
+        daemon.stop()
     body = reply.body
     assert body["ok"] is False and body["error"]["code"] == "invalid_output", body
-    jsonschema.validate(body["output"], load_tasks()["fault_tree"].output_schema)
+    assert body["output"]["body"] == "y := 1;"
     assert body["validation"]["schema"]["ok"] is True
-    assert body["validation"]["fault_tree"]["ok"] is False
+    assert body["validation"]["identifiers"]["ok"] is False
     # fail-closed after the verified retries (retries.attempts, default 3)
     assert body["attempts"] == 3 and body["usage"]["completion_tokens"] > 0
 
 
 def test_a_retry_that_passes_is_answered_ok(tmp_path: Path, broker: Broker,
                                             edge_engine: Path) -> None:
-    """The same request with retries off fails validation; with them on it comes back ok
-    on a later attempt, and the reply says which."""
-    inputs = [dict(FT_INVALID, top_event=f"{FT_INVALID['top_event']} ({i})") for i in range(6)]
+    """The same requests with retries off fail validation where the greedy answer uses an
+    undeclared name; with them on, resampling finds the declared one, and the reply says
+    after how many tries."""
+    inputs = [f"Program {i}: set the counter, then the flag {i}." for i in range(6)]
     outcomes = {}
     for attempts in (1, 4):
         root = tmp_path / f"a{attempts}"
         root.mkdir()
-        daemon = Daemon(write_config(root, edge_engine, broker.port,
-                                     retries={"attempts": attempts}))
+        daemon = _probe_daemon(root, edge_engine, broker.port,
+                               '"y := 1;", "z := 1;", "w := 1;", "x := 1;"',
+                               retries={"attempts": attempts, "temperature": 2.0})
         daemon.start()
         req = Requester(broker.port)
         try:
-            for i, data in enumerate(inputs):
-                req.send("fault_tree", {"input": data}, correlation=f"r{i}",
+            for i, text in enumerate(inputs):
+                req.send("probe", {"input": {"description": text}}, correlation=f"r{i}",
                          response_topic=req.reply_topic)
             outcomes[attempts] = {r.correlation: r.body for r in req.wait(len(inputs), 180)}
         finally:
@@ -289,6 +341,7 @@ def test_a_retry_that_passes_is_answered_ok(tmp_path: Path, broker: Broker,
             daemon.stop()
     single, retried = outcomes[1], outcomes[4]
     assert all(b["attempts"] == 1 for b in single.values())
+    assert any(not b["ok"] for b in single.values()), single
     rescued = [k for k, b in retried.items() if b["ok"] and not single[k]["ok"]]
     assert rescued, {k: (b["ok"], b["attempts"]) for k, b in retried.items()}
     assert all(retried[k]["attempts"] > 1 for k in rescued)

@@ -55,8 +55,9 @@ def test_fault_tree_evidence_and_st_constants() -> None:
                                                 "points": [{"name": "p1", "value": 1}]})
     point = s.schema["properties"]["basic_events"]["items"]["properties"]["evidence"]
     assert point["properties"]["point"] == {"enum": ["p1"]} and s.prefix == ""
-    assert shape(ft.output_schema, ft.validators, {"top_event": "t", "system": "s"}).schema \
-        is ft.output_schema
+    free = shape(ft.output_schema, ft.validators, {"top_event": "t", "system": "s"}).schema
+    point = free["properties"]["basic_events"]["items"]["properties"]["evidence"]
+    assert point["properties"]["point"] == {"type": "string", "maxLength": 64}
     st = TASKS["st_code"]
     s = shape(st.output_schema, st.validators, {"description": "d", "name": "FB_Pump",
                                                 "pou_type": "FUNCTION_BLOCK"})
@@ -107,3 +108,62 @@ def test_an_st_answer_keeps_the_requested_name_and_type(
             assert (r.output["name"], r.output["pou_type"]) == ("FB_PressPump",
                                                                "FUNCTION_BLOCK")
     assert shaped.prepare("st_code", data, SamplingParams()).grammar_ms >= 0  # type: ignore
+
+
+def test_fault_tree_gates_carry_what_their_type_needs() -> None:
+    ft = TASKS["fault_tree"]
+    s = shape(ft.output_schema, ft.validators, {"top_event": "t", "system": "s"}).schema
+    base = {"top": "G1", "description": "d", "basic_events": [{"id": "E1", "description": "e"},
+                                                              {"id": "E2", "description": "e"}]}
+    ok = [{"id": "G1", "type": "OR", "inputs": ["E1", "E2"]},
+          {"id": "G1", "type": "ATLEAST", "k": 1, "inputs": ["E1"]},
+          {"id": "G1", "type": "NOT", "inputs": ["E1"]},
+          {"id": "G1", "type": "INHIBIT", "inputs": ["E1"], "condition": "E2"}]
+    bad = [{"id": "G1", "type": "AND", "inputs": ["E1"]},           # one input
+           {"id": "G1", "type": "ATLEAST", "inputs": ["E1"]},        # no k
+           {"id": "G1", "type": "NOT", "inputs": ["E1", "E2"]},      # two inputs
+           {"id": "G1", "type": "INHIBIT", "inputs": ["E1"]}]        # no condition
+    for gate in ok:
+        jsonschema.validate({**base, "gates": [gate]}, s)
+        jsonschema.validate({**base, "gates": [gate]}, ft.output_schema)
+    for gate in bad:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**base, "gates": [gate]}, s)
+
+
+def test_fault_tree_basic_events_are_what_the_gates_name() -> None:
+    ft = TASKS["fault_tree"]
+    sh = shape(ft.output_schema, ft.validators, {"top_event": "t", "system": "s"})
+    assert sh.restage is not None
+    head = ('{"top":"G1","description":"d","gates":[{"id":"G1","type":"OR","inputs":'
+            '["E_A","G2"]},{"id":"G2","type":"INHIBIT","inputs":["E_B"],"condition":"E_C"}],')
+    assert sh.restage(head) is None                       # the gates are not closed yet
+    narrowed = sh.restage(head + '"basic_events":[{"')   # the token may carry more
+    assert narrowed is not None
+    events = narrowed["properties"]["basic_events"]
+    assert [i["properties"]["id"] for i in events["prefixItems"]] == [
+        {"const": "E_A"}, {"const": "E_B"}, {"const": "E_C"}]
+    assert events["minItems"] == events["maxItems"] == 3 and events["items"] is False
+    full = json.loads(head + '"basic_events":[' + ",".join(
+        f'{{"id":"{i}","description":"x"}}' for i in ("E_A", "E_B", "E_C")) + "]}")
+    jsonschema.validate(full, narrowed)
+    dangling = dict(full, basic_events=full["basic_events"][:2])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(dangling, narrowed)
+
+
+def test_demo_fault_trees_cannot_dangle(demo: tuple[TaskRunner, TaskRunner]) -> None:
+    """Held-out corpus fault trees through the real runner: no answer names an id that is
+    neither a gate nor a basic event (with the published schema alone, most did)."""
+    from rung.tools.corpus import generate as corpus
+
+    shaped, plain = demo
+    samples = [s for s in corpus(30, seed=1000) if s["task"] == "fault_tree"][:6]
+    dangling = {"shaped": 0, "plain": 0}
+    for name, runner in (("shaped", shaped), ("plain", plain)):
+        for s in samples:
+            r = _answer(runner, "fault_tree", s["input"])
+            errors = (r.validation or {}).get("fault_tree", {}).get("errors", [])
+            dangling[name] += sum("names no gate or basic event" in e["message"]
+                                  for e in errors)
+    assert dangling["shaped"] == 0 and dangling["plain"] > 0, dangling
