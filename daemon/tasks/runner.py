@@ -286,14 +286,16 @@ class TaskRunner:
 def _failed_check(res: TaskResult) -> str:
     """The first failed validation section (or the error code)."""
     for name, section in (res.validation or {}).items():
-        if isinstance(section, dict) and not section.get("ok", True):
+        if isinstance(section, dict) and not section.get("ok", True) \
+                and not section.get("advisory"):
             return name
     return (res.error or {}).get("code", "internal")
 
 
 def _first_error(validation: Mapping[str, Any]) -> str:
     for name, section in validation.items():
-        if isinstance(section, dict) and not section.get("ok", True):
+        if isinstance(section, dict) and not section.get("ok", True) \
+                and not section.get("advisory"):
             errs = section.get("errors") or [{}]
             return f"{name}: {errs[0].get('message', 'failed')}"
     return "validation failed"

@@ -12,6 +12,7 @@ validators. Each contributes named sections to one ``validation`` object, every 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,7 +33,40 @@ def _st(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
 
     result = validate_pou(output)
     return {"st_syntax": result["st_syntax"], "identifiers": result["identifiers"],
-            "pou_text": result["text"]}
+            "pou_text": result["text"],
+            "relevance": stated_values_used(str(data.get("description", "")),
+                                            result["text"])}
+
+
+# a number in a request, with the unit that follows it, if any
+_STATED = re.compile(r"(?<![\w.#])(\d+(?:\.\d+)?)\s*(ms|s|min|h|%|[a-zA-Z]+\d*)?")
+_TIME = re.compile(r"T#(\d+(?:\.\d+)?)(ms|s|m|h)", re.IGNORECASE)
+_LITERAL = re.compile(r"(?<![\w#])(\d+(?:\.\d+)?)(?![\w#])")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def stated_values_used(description: str, pou_text: str) -> dict[str, Any]:
+    """Relevance, as far as code can check it: each time (``30 s``, ``500 ms``) and each
+    threshold with a unit the request states appears in the POU, as a numeric literal or a
+    TIME literal of the same duration (a percentage also as a fraction). Numbers inside
+    names (``P1``, ``line 2``) and bare counts are not taken as stated values. Reported,
+    not gating (``advisory``): a correct POU may compute a value instead of writing it."""
+    values = {float(v) for v in _LITERAL.findall(pou_text)}
+    seconds = {float(v) * _SECONDS[u.lower()] for v, u in _TIME.findall(pou_text)}
+    stated, missing = [], []
+    for number, unit in _STATED.findall(description):
+        if not unit:
+            continue
+        v = float(number)
+        u = unit if unit in _SECONDS or unit == "%" else "unit"
+        stated.append(f"{number} {unit}")
+        found = (v * _SECONDS[u] in seconds or v in values) if u in _SECONDS else (
+            v in values or (u == "%" and v / 100 in values))
+        if not found:
+            missing.append(f"{number} {unit}")
+    return {"ok": not missing, "advisory": True, "stated": stated,
+            "errors": [{"path": "body", "message": f"the request states {m}; the POU does "
+                        "not use it"} for m in missing]}
 
 
 def _fault_tree(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Section]:
@@ -89,5 +123,6 @@ def validate_output(schema: Mapping[str, Any], validators: tuple[str, ...], outp
     if validation["schema"]["ok"]:
         for name in validators:
             validation.update(VALIDATORS[name](output, data))
-    ok = all(s.get("ok", True) for s in validation.values() if isinstance(s, dict))
+    ok = all(s.get("ok", True) for s in validation.values()
+             if isinstance(s, dict) and not s.get("advisory"))
     return ok, validation

@@ -72,3 +72,17 @@ def test_schema_violation_stops_semantic_checks() -> None:
     (None, {"alarm": 1}, None), (3, {}, None)])
 def test_expected_state(value: Any, limits: dict[str, float], state: str | None) -> None:
     assert expected_state(value, limits) == state
+
+
+def test_relevance_finds_stated_values_in_the_pou() -> None:
+    from rung.daemon.tasks.validate import stated_values_used
+
+    text = ("Compressor: run when pressure drops below 6.5 bar, stop above 7.5 bar, never "
+            "restart within 60 s, pause 500 ms; fill to 20 %; pumps P1 and P2 on line 3.")
+    pou = "IF p < 6.5 THEN run := TRUE; END_IF; t(PT := T#1m); t2(PT := T#0.5S); lvl < 0.2"
+    r = stated_values_used(text, pou)
+    assert r["stated"] == ["6.5 bar", "7.5 bar", "60 s", "500 ms", "20 %"]  # not P1, line 3
+    assert [e["message"] for e in r["errors"]] == [
+        "the request states 7.5 bar; the POU does not use it"]
+    assert r["advisory"] is True and r["ok"] is False
+    assert stated_values_used("no numbers here", "x := 1;")["ok"] is True
