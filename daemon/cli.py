@@ -98,6 +98,10 @@ def _generate_parser(sub: Any) -> None:
     p.add_argument("--st-edition", type=int, choices=[2, 3], default=3,
                    help="IEC 61131-3 edition of the --plcopen body: 3 (default; CODESYS, "
                    "TwinCAT) or 2 (Beremiz, OpenPLC: // comments become (* *))")
+    p.add_argument("--decode", default="auto", choices=["auto", "plain", "fast"],
+                   help="fast: greedy decoding also feeds grammar-forced and prompt-lookup "
+                        "draft tokens, checked by the model in the same step (the same "
+                        "tokens, fewer steps); auto: fast unless the engine has FFN gates")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -186,6 +190,7 @@ def _trt_exporter(args: argparse.Namespace) -> Any:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from rung.daemon.tasks.runner import fast_decoding
     from rung.engines import engine_options, load_engine
     from rung.engines.errors import GenerationError
     from rung.engines.generate import generate
@@ -223,7 +228,7 @@ def run_generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     (g,) = generate(engine, tok, [ids], params, on_text=None if args.json else stream,
-                    prefix=prefix)
+                    prefix=prefix, fast=fast_decoding(args.decode, engine))
     if session is not None:
         session.save(messages + [{"role": "assistant", "content": g.text}])
     timings = {"load_ms": round(load_ms, 1), "ttft_ms": round(g.ttft_ms, 1),
@@ -237,7 +242,8 @@ def run_generate(args: argparse.Namespace) -> int:
                    "bytes_per_token": engine.manifest.kv.bytes_per_token(engine.manifest.dims)},
             "graph": _graph_form(engine.manifest),
             "weights": _weights_record(engine.manifest),
-            "ffn_skip_ratio": g.ffn_skip_ratio}, ensure_ascii=False))
+            "ffn_skip_ratio": g.ffn_skip_ratio, "decoding": _decoding(g)},
+            ensure_ascii=False))
     else:
         print()
         print(f"rung: {g.prompt_tokens} prompt tokens ({g.cached_tokens} from the KV cache), "
@@ -248,6 +254,12 @@ def run_generate(args: argparse.Namespace) -> int:
         print(f"rung: generation failed: {g.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _decoding(g: Any) -> dict[str, int]:
+    """Decode steps and draft tokens (fast decoding) of a generation."""
+    return {"steps": g.steps, "drafted_tokens": g.drafted_tokens,
+            "forced_tokens": g.forced_tokens, "accepted_tokens": g.accepted_tokens}
 
 
 def _graph_form(m: Any) -> str:
@@ -310,7 +322,7 @@ def _prefix_cache(args: argparse.Namespace, engine: Any) -> Any:
 
 def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
               load_ms: float, prefix: Any = None) -> int:
-    from rung.daemon.tasks.runner import TaskRunner
+    from rung.daemon.tasks.runner import TaskRunner, fast_decoding
     from rung.daemon.tasks.task import TaskError, load_tasks
 
     if args.input is None:
@@ -324,7 +336,8 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
     if args.plcopen is not None and task is not None and "st" not in task.validators:
         raise TaskError(f"--plcopen: task {args.task} does not answer with a POU",
                         "use --task st_code")
-    runner = TaskRunner(engine, tok, tasks, args.engine_dir, prefix=prefix)
+    runner = TaskRunner(engine, tok, tasks, args.engine_dir, prefix=prefix,
+                        fast=fast_decoding(args.decode, engine))
     (r,) = runner.run([(args.task, data)], params, args.max_tokens)
     g = r.generation
     doc = {"task": r.task, "ok": r.ok,
@@ -337,6 +350,7 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
                        "ttft_ms": round(g.ttft_ms, 1) if g else None,
                        "decode_tok_s": round(g.decode_tok_s, 2) if g else None},
            "ffn_skip_ratio": g.ffn_skip_ratio if g else None,
+           "decoding": _decoding(g) if g else None,
            "usage": {"prompt_tokens": g.prompt_tokens if g else 0,
                      "completion_tokens": len(g.token_ids) if g else 0,
                      "cached_tokens": g.cached_tokens if g else 0}}

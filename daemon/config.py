@@ -63,6 +63,7 @@ class EngineConfig:
     prepack: bool | None = None  # ONNX Runtime weight prepacking; None = by precision, batch
     backend: str = "onnx"  # onnx (ONNX Runtime) | trt (the TensorRT plan of --target trt)
     provider: str | None = None  # ONNX Runtime's execution provider: cpu (None) | cuda
+    decode: str = "auto"  # plain | fast (drafts checked per step) | auto (fast without gates)
 
 
 @dataclass(frozen=True)
@@ -522,7 +523,8 @@ _TOP = {
                                                       nullable=True),
                                       "backend": _choice("onnx", "trt"),
                                       "provider": _Key(_choice("cpu", "cuda").conv,
-                                                       "one of cpu, cuda", nullable=True)},
+                                                       "one of cpu, cuda", nullable=True),
+                                      "decode": _choice("auto", "plain", "fast")},
                        check=_check_engine),
     "mqtt": _section(MQTTConfig, _MQTT, check=_check_mqtt),
     "queue": _section(QueueConfig, {"max_pending": _int(1, MAX_PENDING),

@@ -95,7 +95,7 @@ class Scheduler:
         from rung.engines.batch import BatchDecoder
 
         r = self.runner
-        return BatchDecoder(r.engine, r.tokenizer, rows, r.prefix)
+        return BatchDecoder(r.engine, r.tokenizer, rows, r.prefix, fast=r.fast)
 
     @property
     def depth(self) -> int:
@@ -284,7 +284,10 @@ def _answer(req: Request, res: TaskResult) -> Answer:
         usage = {"prompt_tokens": g.prompt_tokens, "completion_tokens": len(g.token_ids),
                  "cached_tokens": g.cached_tokens, "ttft_ms": round(g.ttft_ms, 1),
                  "decode_tok_s": round(g.decode_tok_s, 1),
-                 "ffn_skip_ratio": g.ffn_skip_ratio}
+                 "ffn_skip_ratio": g.ffn_skip_ratio, "steps": g.steps}
+        if g.drafted_tokens:
+            usage.update(drafted_tokens=g.drafted_tokens, forced_tokens=g.forced_tokens,
+                         accepted_tokens=g.accepted_tokens)
     if res.ok:
         return Answer(req, True, output=res.output, validation=res.validation, usage=usage,
                       attempts=res.attempts, failed_checks=res.failed_checks)

@@ -31,7 +31,7 @@ from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.topics import topic_problem
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
-from rung.daemon.tasks.runner import RetryPolicy, TaskRunner
+from rung.daemon.tasks.runner import RetryPolicy, TaskRunner, fast_decoding
 from rung.engines.errors import RungError
 
 if TYPE_CHECKING:
@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("rung.serve")
 VERSION = "0.1.0"
 PUBLISH_ATTEMPTS = 3   # publishes of one answer that end the connection before it is dropped
+USAGE_CORE = ("prompt_tokens", "completion_tokens", "cached_tokens", "ttft_ms")
+# fast decoding: decode steps, draft tokens offered, of them grammar-forced, confirmed
+USAGE_KEYS = (*USAGE_CORE, "steps", "drafted_tokens", "forced_tokens", "accepted_tokens")
 
 
 def build_runner(cfg: Config) -> TaskRunner:
@@ -59,7 +62,8 @@ def build_runner(cfg: Config) -> TaskRunner:
                       state_dir=cfg.state_dir if cfg.kv.disk_mb > 0 else None,
                       disk_budget_bytes=int(cfg.kv.disk_mb * 2**20))
     return TaskRunner(engine, tok, load_tasks(cfg.tasks_dir), cfg.engine.path,
-                      prefix=PrefixCache(store, m.engine_id))
+                      prefix=PrefixCache(store, m.engine_id),
+                      fast=fast_decoding(cfg.engine.decode, engine))
 
 
 class Service:
@@ -288,8 +292,7 @@ class Service:
             self._observe(a)
             req.on_answer(a)
             return
-        usage = {k: a.usage.get(k) for k in ("prompt_tokens", "completion_tokens",
-                                             "cached_tokens", "ttft_ms")}
+        usage = {k: a.usage.get(k) for k in USAGE_KEYS if k in a.usage or k in USAGE_CORE}
         usage["total_ms"] = round((time.time() - req.received) * 1000, 1)
         if a.ok:
             payload = rq.ok_response(req.reply, req.task, a.output, a.validation, usage,

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rung.engines import AnyEngine
+from rung.engines.drafts import propose
 from rung.engines.errors import GenerationError
 from rung.engines.grammar import Constraint
 from rung.engines.kv import KVCache
@@ -54,10 +55,12 @@ class BatchDecoder:
     def __init__(self, engine: AnyEngine, tokenizer: Tokenizer, rows: int,
                  prefix: PrefixCache | None = None, prefill_chunk: int = 512,
                  cache: KVCache | None = None,
-                 on_text: Callable[[Any, str], None] | None = None) -> None:
+                 on_text: Callable[[Any, str], None] | None = None,
+                 fast: bool = False) -> None:
         """``cache``: KV buffers to decode in (default: new ones of ``rows`` rows at the
         engine's context); ``on_text``: called with (tag, new text) as text becomes final
-        (streaming)."""
+        (streaming); ``fast``: greedy rows feed draft tokens with their last one
+        (``drafts``), checked by the model in the same step."""
         if rows < 1 or prefill_chunk < 1:
             raise GenerationError("a batch needs at least one row and a positive chunk")
         self.engine, self.tokenizer, self.prefix = engine, tokenizer, prefix
@@ -67,6 +70,7 @@ class BatchDecoder:
         self.max_seq = min(engine.manifest.dims.max_seq, self.cache.max_seq)
         self.prefill_chunk = prefill_chunk
         self.on_text = on_text
+        self.fast = fast
         self.seqs: list[_Seq | None] = [None] * rows
         self.held: list[list[int]] = [[] for _ in range(rows)]   # a free row's KV tokens
         self.steps = 0
@@ -114,24 +118,24 @@ class BatchDecoder:
         return row
 
     def step(self) -> list[tuple[Hashable, Generation]]:
-        """One engine step over every row; the sequences that finished in it."""
-        n_new = np.zeros(len(self.seqs), np.int64)
-        chunks: list[list[int]] = [[] for _ in self.seqs]
-        for b, s in enumerate(self.seqs):
-            if s is None:
-                continue
-            if s.fed < len(s.prompt):
-                chunks[b] = s.prompt[s.fed:s.fed + self.prefill_chunk]
-            else:
-                chunks[b] = [s.row.token_ids[-1]]
-            n_new[b] = len(chunks[b])
+        """One engine step over every row (schedule -> run -> postprocess); the sequences
+        that finished in it."""
+        chunks, scored = self._schedule()
+        n_new = np.array([len(c) for c in chunks], np.int64)
         if not n_new.any():
             return []
         tokens = np.zeros((len(self.seqs), int(n_new.max())), np.int64)   # [B, S]
         for b, chunk in enumerate(chunks):
             tokens[b, :len(chunk)] = chunk
-        decoding = all(s is None or s.fed >= len(s.prompt) for s in self.seqs)
-        logits = self.engine.forward(self.cache, tokens, n_new, allow_skip=decoding)
+        # [B, K]: a prefilling row scores its last position, a drafting row every one
+        k = max(scored)
+        index = np.array([list(range(n)) + [n - 1] * (k - n) if n == len(c) else
+                          [max(len(c) - 1, 0)] * k for c, n in zip(chunks, scored,
+                                                                   strict=True)], np.int64)
+        # FFN gates act on one token of one sequence: not on prefill, not on drafts
+        one_each = all(s is None or (s.fed >= len(s.prompt) and not s.row.drafts)
+                       for s in self.seqs)
+        logits = self.engine.forward(self.cache, tokens, n_new, index, allow_skip=one_each)
         self.steps += 1
         done: list[tuple[Hashable, Generation]] = []
         for b, s in enumerate(self.seqs):
@@ -141,12 +145,54 @@ class BatchDecoder:
                 s.fed += int(n_new[b])
                 if s.fed < len(s.prompt):
                     continue   # more prompt to feed: these logits are not the answer's
-            advance(s.row, logits[b, -1], s.tag, self.on_text)
-            if not s.t_first:
-                s.t_first = time.perf_counter()
+            self._postprocess(b, s, logits[b])
             if s.row.finish is not None:
                 done.append((s.tag, self._leave(b, s)))
         return done
+
+    def _schedule(self) -> tuple[list[list[int]], list[int]]:
+        """Each row's tokens for this step, and how many of its positions are scored."""
+        chunks: list[list[int]] = []
+        scored: list[int] = []
+        for s in self.seqs:
+            if s is None:
+                chunks.append([])
+                scored.append(1)
+            elif s.fed < len(s.prompt):
+                chunks.append(s.prompt[s.fed:s.fed + self.prefill_chunk])
+                scored.append(1)
+            else:   # the last token, then the drafts the model checks in the same step
+                chunks.append([s.row.token_ids[-1], *s.row.drafts])
+                scored.append(len(chunks[-1]))
+        return chunks, scored
+
+    def _postprocess(self, b: int, s: _Seq, logits: np.ndarray) -> None:
+        """Sample from ``logits`` [K, V]; each draft the pick confirms is kept and the next
+        position sampled too; the KV of drafts past the first miss is dropped."""
+        row, drafts = s.row, s.row.drafts
+        row.steps += 1
+        advance(row, logits[0], s.tag, self.on_text)
+        if not s.t_first:
+            s.t_first = time.perf_counter()
+        kept = 0
+        while (row.finish is None and kept < len(drafts)
+               and row.token_ids[-1] == drafts[kept]):
+            kept += 1
+            advance(row, logits[kept], s.tag, self.on_text)
+        row.accepted += kept
+        self.cache.lengths[b] -= len(drafts) - kept   # their positions are free again
+        row.drafts = []
+        if self.fast and row.finish is None and row.sampler.params.temperature == 0:
+            self._draft(s)
+
+    def _draft(self, s: _Seq) -> None:
+        row = s.row
+        context = s.prompt + row.token_ids
+        room = min(self.max_seq - len(context) - 1,
+                   row.stop.max_tokens - len(row.token_ids) - 1)
+        row.drafts, forced = propose(context, row.constraint, room)
+        row.drafted += len(row.drafts)
+        row.forced += len(row.drafts) if forced else 0
 
     def run(self, interrupt: threading.Event | None = None,
             max_steps: int = 1_000_000) -> list[tuple[Hashable, Generation]]:

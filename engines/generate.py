@@ -33,7 +33,7 @@ def generate(engine: AnyEngine, tokenizer: Tokenizer, prompts: Sequence[Sequence
              on_text: Callable[[int, str], None] | None = None,
              constraints: Sequence[Constraint | None] | None = None,
              cache: KVCache | None = None,
-             prefix: PrefixCache | None = None) -> list[Generation]:
+             prefix: PrefixCache | None = None, fast: bool = False) -> list[Generation]:
     """Generate a continuation for each prompt (token ids), batched.
 
     Args:
@@ -44,6 +44,8 @@ def generate(engine: AnyEngine, tokenizer: Tokenizer, prompts: Sequence[Sequence
         cache: KV buffers to run in, one row per prompt (default: new ones).
         prefix: restore each row's longest cached prompt prefix before, and offer the
             row's full blocks to the cold tier after.
+        fast: greedy rows also feed draft tokens, checked by the model in the same step
+            (``engines/drafts.py``); the tokens are the same as without.
     Raises:
         GenerationError: no prompts, an empty prompt, one that leaves no room in the
             context, or params/constraints that do not match the prompts.
@@ -57,7 +59,7 @@ def generate(engine: AnyEngine, tokenizer: Tokenizer, prompts: Sequence[Sequence
     # one prefill over the whole prompts, as a fixed batch wants it; the daemon chunks
     decoder = BatchDecoder(engine, tokenizer, len(prompts), prefix,
                            prefill_chunk=max(len(p) for p in prompts) or 1, cache=cache,
-                           on_text=on_text)
+                           on_text=on_text, fast=fast)
     for i, (p, pr) in enumerate(zip(prompts, per_row, strict=True)):
         decoder.add(i, p, pr, None if constraints is None else constraints[i])
     done: dict[Hashable, Generation] = {}

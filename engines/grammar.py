@@ -139,6 +139,14 @@ class Constraint:
                                f"{matcher.get_error()}")
         self.matcher, self.restage, self.restaged = matcher, None, True
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces next (empty when the model has a choice)."""
+        return list(self.matcher.compute_ff_tokens())
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` the grammar would accept from here, in order."""
+        return int(self.matcher.validate_tokens(tokens))
+
     @property
     def accepting(self) -> bool:
         """The text so far is a complete document of the grammar."""

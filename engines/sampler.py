@@ -199,6 +199,11 @@ class StopChecker:
         self._max_tokens = max_tokens
         self._searched = 0  # length of the text already searched for stop strings
 
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens a sequence may generate."""
+        return self._max_tokens
     def check(self, token_id: int, text: str, n_generated: int) -> str | None:
         """``"stop"`` on an eos id or a stop string in ``text``, ``"length"`` once
         ``n_generated >= max_tokens``, else None."""

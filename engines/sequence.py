@@ -8,7 +8,7 @@ of prompts).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,10 @@ class Generation:
     mask_seconds: list[float] | None = None  # per step, when decoding under a constraint
     cached_tokens: int = 0  # prompt positions restored from a cache instead of prefilled
     error: str | None = None  # why the row's token step failed (finish_reason "error")
+    steps: int = 0            # decode steps (engine forwards) that produced its tokens
+    drafted_tokens: int = 0   # draft tokens offered (fast decoding)
+    forced_tokens: int = 0    # of those, forced by the grammar
+    accepted_tokens: int = 0  # drafts the model's own pick confirmed
 
 
 @dataclass
@@ -49,6 +53,11 @@ class Row:
     emitted: int = 0
     finish: str | None = None
     error: str | None = None
+    drafts: list[int] = field(default_factory=list)   # offered in the next step
+    steps: int = 0
+    drafted: int = 0
+    forced: int = 0
+    accepted: int = 0
 
 
 def new_row(tokenizer: Tokenizer, params: SamplingParams, room: int,
@@ -102,4 +111,6 @@ def row_result(row: Row, prompt_len: int, t0: float, t_first: float, t_end: floa
                       ttft_ms=(t_first - t0) * 1000.0,
                       decode_tok_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
                       mask_seconds=None if row.constraint is None
-                      else row.constraint.mask_seconds, error=row.error)
+                      else row.constraint.mask_seconds, error=row.error, steps=row.steps,
+                      drafted_tokens=row.drafted, forced_tokens=row.forced,
+                      accepted_tokens=row.accepted)

@@ -83,12 +83,14 @@ class TaskRunner:
 
     def __init__(self, engine: AnyEngine, tokenizer: Tokenizer, tasks: Mapping[str, Task],
                  engine_dir: Path, prefix: PrefixCache | None = None,
-                 shaped: bool = True) -> None:
+                 shaped: bool = True, fast: bool = False) -> None:
         """``shaped``: narrow each request's grammar and compute what code can
-        (``shaping``); off only to measure what that buys."""
+        (``shaping``); off only to measure what that buys. ``fast``: decode with draft
+        tokens checked per step (``engines/drafts.py``)."""
         self.engine, self.tokenizer, self.tasks = engine, tokenizer, dict(tasks)
         self.prefix = prefix
         self.shaped = shaped
+        self.fast = fast
         self.compiler = GrammarCompiler(Path(engine_dir) / "tokenizer.json",
                                         tokenizer.eos_token_ids,
                                         engine.manifest.dims.vocab_size)
@@ -212,7 +214,8 @@ class TaskRunner:
             try:
                 gens = generate(self.engine, self.tokenizer, [p.ids for p in todo],
                                 [p.params for p in todo],
-                                constraints=[p.constraint for p in todo], prefix=self.prefix)
+                                constraints=[p.constraint for p in todo], prefix=self.prefix,
+                                fast=self.fast)
             except RungError as e:  # one failed step answers every row of the batch
                 for slot in slots:
                     results[slot] = _fail(requests[slot][0], "internal", str(e))
@@ -228,7 +231,8 @@ class TaskRunner:
                 slots, todo = [s for s, _ in again], [p for _, p in again]
                 gens = generate(self.engine, self.tokenizer, [p.ids for p in todo],
                                 [p.params for p in todo],
-                                constraints=[p.constraint for p in todo], prefix=self.prefix)
+                                constraints=[p.constraint for p in todo], prefix=self.prefix,
+                                fast=self.fast)
                 for slot, p, gen in zip(slots, todo, gens, strict=True):
                     results[slot] = self.finish(p, gen)
         return [r for r in results if r is not None]
@@ -281,6 +285,12 @@ class TaskRunner:
         ok, validation = validate_output(task.output_schema, task.validators, output, data)
         error = None if ok else {"code": "invalid_output", "message": _first_error(validation)}
         return TaskResult(task.name, ok, output, validation, error, gen)
+
+
+def fast_decoding(decode: str, engine: AnyEngine) -> bool:
+    """``engine.decode`` resolved: auto is fast on an engine without FFN gates (drafts
+    run its FFNs unskipped, so on a gated engine fast decoding may answer otherwise)."""
+    return decode == "fast" or (decode == "auto" and engine.ffn_skips is None)
 
 
 def _failed_check(res: TaskResult) -> str:

@@ -159,7 +159,7 @@ def test_batches_up_to_max_batch_with_per_request_params() -> None:
         a = answers[0]
         assert a.ok and a.code is None and a.validation == {"ok": True}
         assert a.usage == {"prompt_tokens": 12, "completion_tokens": 3, "cached_tokens": 4,
-                           "ttft_ms": 8.0, "decode_tok_s": 40.1, "ffn_skip_ratio": None}
+                           "ttft_ms": 8.0, "decode_tok_s": 40.1, "ffn_skip_ratio": None, "steps": 0}
         await s.stop(1.0)
     _run(body)
 
