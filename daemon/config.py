@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from rung.daemon.keyed import read_yaml
 from rung.daemon.mqtt.topics import MAX_TOPIC_BYTES, text_problem, topic_problem
 from rung.engines.errors import RungError
 
@@ -627,43 +628,6 @@ def parse_config(data: Mapping[str, Any], base_dir: Path, overrides: Sequence[st
 
 
 # A key given twice in one mapping would otherwise let the later one win silently
-_Loader: Any = type("_Loader", (yaml.SafeLoader,), {})
-
-
-def _unique_keys(loader: Any, node: Any) -> Any:
-    seen: set[tuple[str, str]] = set()
-    for key_node, _ in node.value:
-        if isinstance(key_node, yaml.ScalarNode):
-            if (key_node.tag, key_node.value) in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key_node.value!r} given twice", key_node.start_mark)
-            seen.add((key_node.tag, key_node.value))
-    return loader.construct_mapping(node)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys)
-
-
-def read_yaml(path: Path, error: type[RungError], what: str, hint: str) -> Any:
-    """A YAML file's content (a repeated key is an error), or ``error`` naming the file:
-    missing (with ``hint``), unreadable, or invalid YAML with its line and column."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise error(f"{path}: no such {what}", hint) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise error(f"{path}: cannot read "
-                    f"({getattr(e, 'strerror', None) or type(e).__name__})") from None
-    try:
-        return yaml.load(text, Loader=_Loader)  # a SafeLoader underneath
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise error(f"{path}: invalid YAML{where}: {e.problem}") from None
-    except yaml.YAMLError as e:
-        raise error(f"{path}: invalid YAML ({e})".replace("\n", " ")) from None
-
-
 def load_config(path: Path | None, overrides: Sequence[str] = (),
                 env: Mapping[str, str] | None = None) -> Config:
     """Read and check the config file at ``path`` (``None``: built-in defaults only).

@@ -11,7 +11,6 @@ Every load error is a :class:`RegisterMapError` whose message reads
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import struct
@@ -22,7 +21,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from rung.daemon.config import read_yaml
+from rung.daemon import keyed
 from rung.engines.errors import RungError
 
 
@@ -423,133 +422,33 @@ _TO_RAW: dict[str, Callable[[int | float], int | float]] = {
 
 # ---- loading -------------------------------------------------------------------------------
 
-class _Bad(Exception):
-    def __init__(self, key: str, text: str, hint: str | None = None) -> None:
-        super().__init__(key, text, hint)
-        self.key, self.text, self.hint = key, text, hint
-
-
-class _Mismatch(Exception):
-    """Wrong type or out of range: reported as 'expected <form>, got <value>'."""
-
-
-@dataclass(frozen=True)
-class _Key:
-    conv: Callable[[Any, str], Any]
-    expect: str
-    nullable: bool = False  # None (an empty YAML value) means the default
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _at(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
-
-
-def _fields(raw: Any, prefix: str, schema: Mapping[str, _Key],
-            required: Sequence[str] = ()) -> dict[str, Any]:
-    if not isinstance(raw, Mapping):
-        raise _Bad(prefix, f"expected a mapping of keys, got {_show(raw)}")
-    for name in raw:
-        if name not in schema:
-            close = difflib.get_close_matches(str(name), list(schema), n=1)
-            raise _Bad(_at(prefix, str(name)), f"unknown key; known keys here: "
-                       f"{', '.join(schema)}", f"did you mean {close[0]!r}?" if close else None)
-    for name in required:
-        if raw.get(name) is None:
-            raise _Bad(_at(prefix, name), f"required, expected {schema[name].expect}")
-    out: dict[str, Any] = {}
-    for name, value in raw.items():
-        spec = schema[name]
-        if value is None and spec.nullable:
-            continue
-        try:
-            out[name] = spec.conv(value, _at(prefix, name))
-        except _Mismatch:
-            raise _Bad(_at(prefix, name), f"expected {spec.expect}, got {_show(value)}") from None
-    return out
-
-
-def _int(lo: int, hi: int, expect: str | None = None) -> _Key:
-    def conv(v: Any, key: str) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise _Mismatch
-        return v
-    return _Key(conv, expect or f"an integer {lo}..{hi}")
-
-
-def _num(check: Callable[[float], bool] = lambda v: True, expect: str = "a number",
-         nullable: bool = False) -> _Key:
-    def conv(v: Any, key: str) -> float:
-        if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
-                or not check(v)):
-            raise _Mismatch
-        return float(v)
-    return _Key(conv, expect, nullable)
-
-
-def _text(max_len: int, pattern: re.Pattern[str] | None = None, expect: str | None = None,
-          nullable: bool = False) -> _Key:
-    def conv(v: Any, key: str) -> str:
-        if (not isinstance(v, str) or not v.strip() or len(v) > max_len
-                or (pattern and not pattern.fullmatch(v))):
-            raise _Mismatch
-        return v
-    return _Key(conv, expect or f"a non-empty string of at most {max_len} characters",
-                nullable)
-
-
-def _choice(*options: str) -> _Key:
-    def conv(v: Any, key: str) -> str:
-        if not isinstance(v, str) or v not in options:
-            raise _Mismatch
-        return v
-    return _Key(conv, f"one of {', '.join(options)}")
-
-
-def _list(item: Callable[[Any, str], Any], expect: str, lo: int, hi: int,
-          nullable: bool = False) -> _Key:
-    def conv(v: Any, key: str) -> tuple[Any, ...]:
-        if not isinstance(v, list) or not lo <= len(v) <= hi:
-            raise _Mismatch
-        return tuple(item(x, f"{key}[{i}]") for i, x in enumerate(v))
-    return _Key(conv, expect, nullable)
-
-
-def _section(build: Callable[[dict[str, Any], str], Any], schema: Mapping[str, _Key],
-             required: Sequence[str] = (), nullable: bool = False) -> _Key:
-    def conv(v: Any, key: str) -> Any:
-        return build(_fields(v, key, schema, required), key)
-    return _Key(conv, "a mapping", nullable)
-
-
-_UNIT_ID = _int(1, 247, "an integer 1..247 (0 is broadcast, which answers no reads)")
-_TIMEOUT = _num(lambda v: v > 0, "a number > 0")
-_TRANSPORTS: dict[str, tuple[type[TcpTransport | RtuTransport], dict[str, _Key], str]] = {
-    "tcp": (TcpTransport, {"kind": _choice("tcp"), "host": _text(253),
-                           "port": _int(1, 65535), "unit_id": _UNIT_ID, "timeout_s": _TIMEOUT},
+_UNIT_ID = keyed.integer(1, 247, "an integer 1..247 (0 is broadcast, which answers no reads)")
+_TIMEOUT = keyed.number(lambda v: v > 0, "a number > 0")
+_TRANSPORTS: dict[str, tuple[type[TcpTransport | RtuTransport], dict[str, keyed.Key], str]] = {
+    "tcp": (TcpTransport, {"kind": keyed.choice("tcp"), "host": keyed.text(253),
+                           "port": keyed.integer(1, 65535), "unit_id": _UNIT_ID,
+                           "timeout_s": _TIMEOUT},
             "host"),
-    "rtu": (RtuTransport, {"kind": _choice("rtu"),
-                           "port": _text(4096, expect="a serial device path"),
-                           "baud": _int(1, 10_000_000, "a positive integer (e.g. 9600, 19200)"),
-                           "parity": _choice("N", "E", "O"), "stopbits": _int(1, 2),
-                           "bytesize": _int(7, 8), "unit_id": _UNIT_ID, "timeout_s": _TIMEOUT},
+    "rtu": (RtuTransport, {"kind": keyed.choice("rtu"),
+                           "port": keyed.text(4096, expect="a serial device path"),
+                           "baud": keyed.integer(1, 10_000_000,
+                                                 "a positive integer (e.g. 9600, 19200)"),
+                           "parity": keyed.choice("N", "E", "O"), "stopbits": keyed.integer(1, 2),
+                           "bytesize": keyed.integer(7, 8), "unit_id": _UNIT_ID,
+                           "timeout_s": _TIMEOUT},
             "port"),
 }
 
 
 def _transport(v: Any, key: str) -> TcpTransport | RtuTransport:
     if not isinstance(v, Mapping):
-        raise _Mismatch
+        raise keyed.Mismatch
     kind = v.get("kind")
     if kind not in _TRANSPORTS:
-        got = "nothing" if kind is None else _show(kind)
-        raise _Bad(f"{key}.kind", f"expected one of {', '.join(_TRANSPORTS)}, got {got}")
+        got = "nothing" if kind is None else keyed.show(kind)
+        raise keyed.Invalid(f"{key}.kind", f"expected one of {', '.join(_TRANSPORTS)}, got {got}")
     cls, schema, required = _TRANSPORTS[kind]
-    return cls(**_fields(v, key, schema, ("kind", required)))
+    return cls(**keyed.fields(v, key, schema, ("kind", required)))
 
 
 def _handshake(values: dict[str, Any], key: str) -> Handshake:
@@ -557,21 +456,23 @@ def _handshake(values: dict[str, Any], key: str) -> Handshake:
     for name in _HANDSHAKE_REGISTERS:
         address = values[name]
         if address in seen:
-            raise _Bad(f"{key}.{name}", f"{address} is also {key}.{seen[address]}",
-                       "every handshake register needs its own address")
+            raise keyed.Invalid(f"{key}.{name}", f"{address} is also {key}.{seen[address]}",
+                                "every handshake register needs its own address")
         seen[address] = name
     span = max(seen) - min(seen) + 1
     if span > TABLES["holding"].max_read:
-        raise _Bad(key, f"the registers span {span} addresses ({min(seen)}..{max(seen)}), "
-                   f"more than one read of {TABLES['holding'].max_read}",
-                   "keep the eight handshake registers close together")
+        raise keyed.Invalid(key, f"the registers span {span} addresses ({min(seen)}..{max(seen)}), "
+                            f"more than one read of {TABLES['holding'].max_read}",
+                            "keep the eight handshake registers close together")
     hs = Handshake(**values)
     least = hs.heartbeat_s + 2 * hs.poll_s
     if hs.watchdog_s < least:
-        raise _Bad(f"{key}.watchdog_s", f"expected >= {key}.heartbeat_s + 2 x {key}.poll_s "
-                   f"({least:g}), got {hs.watchdog_s:g}",
-                   "the heartbeat moves every heartbeat_s + poll_s at worst; set watchdog_s "
-                   "to the PLC program's heartbeat watchdog (5 s or more is usual)")
+        raise keyed.Invalid(f"{key}.watchdog_s",
+                            f"expected >= {key}.heartbeat_s + 2 x {key}.poll_s "
+                            f"({least:g}), got {hs.watchdog_s:g}",
+                            "the heartbeat moves every heartbeat_s + poll_s at worst; set "
+                            "watchdog_s to the PLC program's heartbeat watchdog (5 s or more "
+                            "is usual)")
     return hs
 
 
@@ -579,70 +480,72 @@ def _limits(values: dict[str, Any], key: str) -> dict[str, float] | None:
     given = [(name, values[name]) for name in LIMIT_KEYS if name in values]
     for (low, a), (high, b) in pairwise(given):
         if b < a:
-            raise _Bad(f"{key}.{high}", f"expected >= {key}.{low} ({a:g}), got {b:g}",
-                       f"limits go {' <= '.join(LIMIT_KEYS)}")
+            raise keyed.Invalid(f"{key}.{high}", f"expected >= {key}.{low} ({a:g}), got {b:g}",
+                                f"limits go {' <= '.join(LIMIT_KEYS)}")
     return dict(given) or None
 
 
 def _point(v: Any, key: str) -> Point:
-    values = _fields(v, key, _POINT, ("name", "table", "address"))
+    values = keyed.fields(v, key, _POINT, ("name", "table", "address"))
     table = TABLES[values["table"]]
     type_ = values.setdefault("type", "bool" if table.bits else "uint16")
     spec = TYPES[type_]
     if table.bits and type_ != "bool":
-        raise _Bad(f"{key}.type", f"the {table.name} table holds single bits: expected bool, "
-                   f"got {type_!r}")
+        raise keyed.Invalid(f"{key}.type",
+                            f"the {table.name} table holds single bits: expected bool, "
+                            f"got {type_!r}")
     if values["address"] + spec.words - 1 > 0xFFFF:
-        raise _Bad(f"{key}.address", f"a {type_} at {values['address']} runs past address "
-                   "65535")
+        raise keyed.Invalid(f"{key}.address", f"a {type_} at {values['address']} runs past address "
+                            "65535")
     if spec.kind == "bool":
         for name in ("scale", "offset", "limits"):
             if name in values:
-                raise _Bad(f"{key}.{name}", "only for numeric types; this point is a bool")
+                raise keyed.Invalid(f"{key}.{name}", "only for numeric types; this point is a bool")
     if "word_order" in values and spec.words != 2:
-        raise _Bad(f"{key}.word_order", f"only for 32-bit types (int32, uint32, float32), "
-                   f"not {type_} ({'one bit' if table.bits else 'one register'})",
-                   "remove word_order, or give the point its 32-bit type")
+        raise keyed.Invalid(f"{key}.word_order", f"only for 32-bit types (int32, uint32, float32), "
+                            f"not {type_} ({'one bit' if table.bits else 'one register'})",
+                            "remove word_order, or give the point its 32-bit type")
     return Point(**values)
 
 
 def _writable(v: Any, key: str) -> tuple[str, int, int, str]:
-    values = _fields(v, key, _WRITABLE, ("table", "address"))
+    values = keyed.fields(v, key, _WRITABLE, ("table", "address"))
     table, address, count = values["table"], values["address"], values.get("count", 1)
     if not TABLES[table].writable:
         writable = ", ".join(t.name for t in TABLES.values() if t.writable)
-        raise _Bad(f"{key}.table", f"the {table} table is read-only; expected {writable}")
+        raise keyed.Invalid(f"{key}.table", f"the {table} table is read-only; expected {writable}")
     if address + count - 1 > 0xFFFF:
-        raise _Bad(f"{key}.count", f"{count} addresses from {address} run past 65535")
+        raise keyed.Invalid(f"{key}.count", f"{count} addresses from {address} run past 65535")
     return table, address, count, key
 
 
-_HANDSHAKE = {name: _int(0, 0xFFFF) for name in _HANDSHAKE_REGISTERS} | {
+_HANDSHAKE = {name: keyed.integer(0, 0xFFFF) for name in _HANDSHAKE_REGISTERS} | {
     "poll_s": _TIMEOUT, "heartbeat_s": _TIMEOUT, "watchdog_s": _TIMEOUT}
-_LIMITS = {name: _num() for name in LIMIT_KEYS}
+_LIMITS = {name: keyed.number() for name in LIMIT_KEYS}
 _POINT = {
-    "name": _text(64, NAME_PATTERN, "a name of 1..64 letters, digits, '_', '.' or '-'"),
-    "table": _choice(*TABLES),
-    "address": _int(0, 0xFFFF),
-    "type": _choice(*TYPES),
-    "word_order": _choice(*WORD_ORDERS),
-    "scale": _num(lambda v: v != 0, "a non-zero number"),
-    "offset": _num(),
-    "unit": _text(16, nullable=True),
-    "limits": _section(_limits, _LIMITS, nullable=True),
-    "description": _text(200, nullable=True),
+    "name": keyed.text(64, NAME_PATTERN, "a name of 1..64 letters, digits, '_', '.' or '-'"),
+    "table": keyed.choice(*TABLES),
+    "address": keyed.integer(0, 0xFFFF),
+    "type": keyed.choice(*TYPES),
+    "word_order": keyed.choice(*WORD_ORDERS),
+    "scale": keyed.number(lambda v: v != 0, "a non-zero number"),
+    "offset": keyed.number(),
+    "unit": keyed.text(16, nullable=True),
+    "limits": keyed.section(_limits, _LIMITS, nullable=True),
+    "description": keyed.text(200, nullable=True),
 }
-_WRITABLE = {"table": _choice(*TABLES), "address": _int(0, 0xFFFF), "count": _int(1, 0x10000)}
-_FAULT_TREE = {"top_event": _text(300), "system": _text(2000)}
+_WRITABLE = {"table": keyed.choice(*TABLES), "address": keyed.integer(0, 0xFFFF),
+             "count": keyed.integer(1, 0x10000)}
+_FAULT_TREE = {"top_event": keyed.text(300), "system": keyed.text(2000)}
 _TOP = {
-    "id": _text(64, ID_PATTERN, "1..64 letters, digits, '_' or '-' (an MQTT topic level)"),
-    "description": _text(2000, nullable=True),
-    "transport": _Key(_transport, "a mapping with kind: tcp or kind: rtu"),
-    "handshake": _section(_handshake, _HANDSHAKE, _HANDSHAKE_REGISTERS),
-    "points": _list(_point, f"a list of 1..{MAX_POINTS} points", 1, MAX_POINTS),
-    "writable": _list(_writable, "a list of {table, address, count} entries", 0, 0xFFFF,
+    "id": keyed.text(64, ID_PATTERN, "1..64 letters, digits, '_' or '-' (an MQTT topic level)"),
+    "description": keyed.text(2000, nullable=True),
+    "transport": keyed.Key(_transport, "a mapping with kind: tcp or kind: rtu"),
+    "handshake": keyed.section(_handshake, _HANDSHAKE, _HANDSHAKE_REGISTERS),
+    "points": keyed.listof(_point, f"a list of 1..{MAX_POINTS} points", 1, MAX_POINTS),
+    "writable": keyed.listof(_writable, "a list of {table, address, count} entries", 0, 0xFFFF,
                       nullable=True),
-    "fault_tree": _section(lambda values, key: values, _FAULT_TREE, ("top_event",),
+    "fault_tree": keyed.section(lambda values, key: values, _FAULT_TREE, ("top_event",),
                            nullable=True),
 }
 
@@ -658,13 +561,13 @@ def _check_layout(points: Sequence[Point], handshake: Handshake) -> None:
     for i, p in enumerate(points):
         key = f"points[{i}]"
         if p.name in names:
-            raise _Bad(f"{key}.name", f"{p.name!r} is also points[{names[p.name]}].name")
+            raise keyed.Invalid(f"{key}.name", f"{p.name!r} is also points[{names[p.name]}].name")
         names[p.name] = i
         lo, hi = _span(p)
         for other, table, (olo, ohi) in named:
             if table == p.table and lo <= ohi and olo <= hi:
-                raise _Bad(f"{key}.address", f"{p.name!r} ({p.table} {lo}..{hi}) overlaps "
-                           f"{other} ({table} {olo}..{ohi})")
+                raise keyed.Invalid(f"{key}.address", f"{p.name!r} ({p.table} {lo}..{hi}) overlaps "
+                                    f"{other} ({table} {olo}..{ohi})")
         named.append((f"points[{i}] {p.name!r}", p.table, (lo, hi)))
 
 
@@ -675,7 +578,8 @@ def _allowlist(entries: Sequence[tuple[str, int, int, str]],
     for table, address, count, key in entries:
         for a in range(address, address + count):
             if table == "holding" and a in plc_owned:
-                raise _Bad(key, f"covers handshake.{plc_owned[a]} ({a}), which the PLC writes")
+                raise keyed.Invalid(key, f"covers handshake.{plc_owned[a]} ({a}), which the "
+                                    "PLC writes")
             allowed.add((table, a))
     return frozenset(allowed)
 
@@ -690,10 +594,10 @@ def parse_map(data: Mapping[str, Any], source: Path) -> PlcMap:
         raise RegisterMapError(f"{source}: expected a mapping of keys at the top level, "
                                f"got a {type(data).__name__}")
     try:
-        values = _fields(data, "", _TOP, ("id", "transport", "handshake", "points"))
+        values = keyed.fields(data, "", _TOP, ("id", "transport", "handshake", "points"))
         _check_layout(values["points"], values["handshake"])
         allowed = _allowlist(values.pop("writable", ()), values["handshake"])
-    except _Bad as e:
+    except keyed.Invalid as e:
         raise RegisterMapError(f"{source}: {e.key}: {e.text}", e.hint) from None
     values.setdefault("description", "")
     return PlcMap(**values, writable=allowed, path=source)
@@ -706,6 +610,6 @@ def load_map(path: Path) -> PlcMap:
         RegisterMapError: the file is missing, unreadable, not YAML, or a key is invalid.
     """
     path = Path(path)
-    data = read_yaml(path, RegisterMapError, "register-map file",
+    data = keyed.read_yaml(path, RegisterMapError, "register-map file",
                      "check the `plcs` list in the config")
     return parse_map({} if data is None else data, path)

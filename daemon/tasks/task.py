@@ -19,8 +19,8 @@ import jinja2
 import jinja2.meta
 import jinja2.sandbox
 import jsonschema
-import yaml
 
+from rung.daemon import keyed
 from rung.daemon.tasks.validate import VALIDATORS
 from rung.engines.errors import RungError
 from rung.engines.grammar import unenforceable_keywords
@@ -66,42 +66,52 @@ class Task:
                 {"role": "user", "content": user}]
 
 
-_KEYS: dict[str, type | tuple[type, ...]] = {
-    "name": str, "description": str, "system_prompt": str, "prompt_template": str,
-    "input_schema": dict, "output_schema": dict, "max_tokens": int, "validators": list}
+def _string(v: Any, key: str) -> str:
+    if not isinstance(v, str):
+        raise keyed.Mismatch
+    return v
+
+
+def _mapping(v: Any, key: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise keyed.Mismatch
+    return v
+
+
+def _validator(v: Any, key: str) -> str:
+    if v not in VALIDATORS:
+        raise keyed.Invalid(key, f"unknown validator {v!r}", f"known: {', '.join(VALIDATORS)}")
+    return str(v)
+
+
+_KEYS: dict[str, keyed.Key] = {
+    "name": keyed.Key(_string, "a string"), "description": keyed.Key(_string, "a string"),
+    "system_prompt": keyed.Key(_string, "a string"),
+    "prompt_template": keyed.Key(_string, "a string"),
+    "input_schema": keyed.Key(_mapping, "a JSON Schema (a mapping)"),
+    "output_schema": keyed.Key(_mapping, "a JSON Schema (a mapping)"),
+    "max_tokens": keyed.integer(1, 1_000_000),
+    "validators": keyed.listof(_validator, "a list of validator names", 0, len(VALIDATORS))}
 
 
 def load_task(path: Path) -> Task:
-    """Read and check one task file."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise TaskError(f"{path}: cannot read ({e})") from e
-    except yaml.YAMLError as e:
-        raise TaskError(f"{path}: invalid YAML ({e})".replace("\n", " ")) from e
+    """Read and check one task file (a repeated key, an unknown key, a missing or mistyped
+    one is refused naming the file and the dotted key)."""
+    raw = keyed.read_yaml(Path(path), TaskError, "task file", "check tasks_dir")
     if not isinstance(raw, dict):
         raise TaskError(f"{path}: a task file is a mapping of keys")
-    for key, typ in _KEYS.items():
-        if key not in raw:
-            raise TaskError(f"{path}: missing key '{key}'")
-        if not isinstance(raw[key], typ) or (typ is int and isinstance(raw[key], bool)):
-            raise TaskError(f"{path}: key '{key}' must be {getattr(typ, '__name__', typ)}")
-    unknown = sorted(set(raw) - set(_KEYS))
-    if unknown:
-        raise TaskError(f"{path}: unknown key '{unknown[0]}'")
-    if raw["max_tokens"] < 1:
-        raise TaskError(f"{path}: key 'max_tokens' must be positive")
+    try:
+        values = keyed.fields(raw, "", _KEYS, required=list(_KEYS))
+    except keyed.Invalid as e:
+        raise TaskError(f"{path}: {e.key}: {e.text}", e.hint) from None
     for key in ("input_schema", "output_schema"):
-        _check_schema(path, key, raw[key])
-    _check_template(path, raw["prompt_template"], raw["input_schema"])
-    for v in raw["validators"]:
-        if v not in VALIDATORS:
-            raise TaskError(f"{path}: key 'validators': unknown validator {v!r}",
-                            f"known: {', '.join(VALIDATORS)}")
-    return Task(name=raw["name"], description=raw["description"],
-                system_prompt=raw["system_prompt"], prompt_template=raw["prompt_template"],
-                input_schema=raw["input_schema"], output_schema=raw["output_schema"],
-                max_tokens=raw["max_tokens"], validators=tuple(raw["validators"]),
+        _check_schema(path, key, values[key])
+    _check_template(path, values["prompt_template"], values["input_schema"])
+    return Task(name=values["name"], description=values["description"],
+                system_prompt=values["system_prompt"],
+                prompt_template=values["prompt_template"],
+                input_schema=values["input_schema"], output_schema=values["output_schema"],
+                max_tokens=values["max_tokens"], validators=values["validators"],
                 path=Path(path))
 
 

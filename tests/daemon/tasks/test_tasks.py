@@ -74,17 +74,26 @@ def test_invalid_yaml_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("edit,drop,match", [
-    (None, "output_schema", "missing key 'output_schema'"),
-    ({"max_tokens": "many"}, None, "key 'max_tokens' must be int"),
-    ({"max_tokens": 0}, None, "key 'max_tokens' must be positive"),
-    ({"validators": ["st", "spellcheck"]}, None, "unknown validator 'spellcheck'"),
-    ({"colour": "blue"}, None, "unknown key 'colour'"),
+    (None, "output_schema", "output_schema: required, expected a JSON Schema"),
+    ({"max_tokens": "many"}, None, "max_tokens: expected an integer 1..1000000, got 'many'"),
+    ({"max_tokens": 0}, None, "max_tokens: expected an integer 1..1000000, got 0"),
+    ({"validators": ["st", "spellcheck"]}, None,
+     r"validators\[1\]: unknown validator 'spellcheck'"),
+    ({"colour": "blue"}, None, "colour: unknown key; known keys here"),
     ({"input_schema": {"type": "objekt"}}, None, "'input_schema' is not a valid JSON Schema"),
 ])
 def test_bad_keys_refused(tmp_path: Path, edit: dict | None, drop: str | None,
                           match: str) -> None:
     with pytest.raises(TaskError, match=match):
         load_task(_write(tmp_path, edit, drop))
+
+
+def test_a_repeated_key_is_refused_with_its_line(tmp_path: Path) -> None:
+    text = (builtin_tasks_dir() / "st_code.yaml").read_text()
+    path = tmp_path / "twice.yaml"
+    path.write_text(text + "\nmax_tokens: 12\n")
+    with pytest.raises(TaskError, match="invalid YAML at line .*key 'max_tokens' given twice"):
+        load_task(path)
 
 
 def test_duplicate_task_names_refused(tmp_path: Path) -> None:
