@@ -2,8 +2,9 @@
 
 Config, tasks, engine (loaded, one forward step), grammars, state directory and journal,
 broker (connect and CONNACK with the configured credentials, under a client id of its own
-so a running daemon is not disturbed), PLC register maps. One line per check; exit status 0
-only when all pass.
+so a running daemon is not disturbed), PLC register maps, and in a fleet who drives each of
+those PLCs. One line per check (a check that does not apply prints none); exit status 0 only
+when all pass.
 """
 
 from __future__ import annotations
@@ -109,8 +110,35 @@ def _plcs(cfg: Config) -> str:
     return "; ".join(asyncio.run(probe(Path(p))) for p in cfg.plcs)
 
 
-CHECKS: list[tuple[str, Callable[[Config], str]]] = [
-    ("engine", _engine), ("state_dir", _state_dir), ("broker", _broker), ("plcs", _plcs)]
+def _plc_owner(cfg: Config) -> str | None:
+    """In a fleet: each configured PLC is free, or driven by this node; one driven by
+    another online node fails (this node would refuse it). None outside a fleet or without
+    PLCs."""
+    from rung.daemon.modbus.regmap import load_map
+    from rung.daemon.mqtt.fleet_view import plc_owners, read_statuses
+
+    if not cfg.mqtt.shared_group or not cfg.plcs:
+        return None
+    me = cfg.mqtt.client_id
+    owners = plc_owners(asyncio.run(read_statuses(cfg.mqtt)))
+    ok, taken = [], []
+    for path in cfg.plcs:
+        plc = load_map(Path(path)).id
+        owner = owners.get(plc)
+        if owner is not None and owner != me:
+            taken.append(f"{plc} is driven by {owner}")
+        else:
+            ok.append(f"{plc} {'driven by this node' if owner == me else 'free'}")
+    if taken:
+        raise RungError(f"{'; '.join(taken)}: {me} refuses to drive "
+                        f"{'it' if len(taken) == 1 else 'them'} (one writer per PLC)",
+                        "remove it from plcs here, or stop the node that drives it")
+    return f"{'; '.join(ok)} (group {cfg.mqtt.shared_group})"
+
+
+CHECKS: list[tuple[str, Callable[[Config], str | None]]] = [
+    ("engine", _engine), ("state_dir", _state_dir), ("broker", _broker), ("plcs", _plcs),
+    ("plc_owner", _plc_owner)]
 
 
 def run_checks(cfg: Config) -> list[Check]:
@@ -118,7 +146,9 @@ def run_checks(cfg: Config) -> list[Check]:
     out = []
     for name, fn in CHECKS:
         try:
-            out.append(Check(name, True, fn(cfg)))
+            detail = fn(cfg)
+            if detail is not None:
+                out.append(Check(name, True, detail))
         except RungError as e:
             out.append(Check(name, False, str(e)))
         except OSError as e:

@@ -1,5 +1,5 @@
 """The ``rung`` command line: ``export``, ``generate``, ``serve``, ``check``, ``ask``,
-``demo``, ``bench``.
+``fleet``, ``demo``, ``bench``.
 
 Each command is a ``run_<name>(args)`` function; ``main(argv=None)`` parses and dispatches so
 tests drive commands in-process. Errors: one line on stderr naming the problem and what to
@@ -117,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
     for name, what in (("serve", "run the daemon: MQTT requests in, validated answers out"),
                        ("check", "check config, tasks, engine, state dir, broker and PLC links"),
-                       ("ask", "send one request to a running daemon over MQTT")):
+                       ("ask", "send one request to a running daemon over MQTT"),
+                       ("fleet", "list the nodes of a fleet (mqtt.shared_group) from their "
+                        "retained statuses")):
         p = sub.add_parser(name, help=what)
         p.add_argument("--config", type=Path, required=True, help="daemon config (YAML)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -130,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--max-tokens", type=int)
             p.add_argument("--temperature", type=float)
             p.add_argument("--seed", type=int)
+        if name == "fleet":
+            p.add_argument("--json", action="store_true", help="print one JSON object")
+            p.add_argument("--drain", action="store_true",
+                           help="hand the requests the broker holds for this config's node "
+                           "(down, not coming back soon) to the nodes online")
+            p.add_argument("--timeout", type=float, default=10.0,
+                           help="seconds to wait for the broker (default 10; with --drain: "
+                           "for the whole drain)")
     demo = sub.add_parser("demo", help="the whole system on embedded defaults, on this machine")
     demo.add_argument("--max-tokens", type=int, help="cap the answers (default: each task's)")
     return parser
@@ -447,6 +457,32 @@ def run_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_fleet(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rung.daemon.config import load_config
+    from rung.daemon.mqtt import fleet_view
+
+    cfg = load_config(args.config, args.set).mqtt
+    if not cfg.shared_group:
+        raise RungError(f"{args.config}: mqtt.shared_group is not set: not a fleet node",
+                        "set mqtt.shared_group to the group's name (docs/mqtt.md, Fleet)")
+    if args.drain:
+        from rung.daemon.mqtt.fleet_drain import drain
+
+        moved, staying = asyncio.run(drain(cfg, args.timeout))
+        print(f"rung: handed {moved} requests queued for {cfg.client_id} to group "
+              f"{cfg.shared_group} (online: {', '.join(staying)})")
+        return 0
+    statuses = asyncio.run(fleet_view.read_statuses(cfg, args.timeout))
+    print(fleet_view.as_json(cfg, statuses) if args.json else fleet_view.table(statuses))
+    if not any(s.online for s in statuses.values()):
+        print(f"rung: no node of group {cfg.shared_group} is online under "
+              f"{cfg.base_topic}/fleet/", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     import subprocess
 
@@ -457,7 +493,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"export": run_export, "generate": run_generate, "demo": run_demo,
-            "bench": run_bench, "serve": run_serve, "check": run_check, "ask": run_ask}
+            "bench": run_bench, "serve": run_serve, "check": run_check, "ask": run_ask,
+            "fleet": run_fleet}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

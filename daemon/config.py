@@ -94,6 +94,8 @@ class MQTTConfig:
     max_payload_bytes: int = 65536
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
+    shared_group: str | None = None  # a fleet: requests taken through $share/{group}/...
+    fleet_update_s: float = 5.0  # a fleet node republishes its status when its queue changed
 
 
 @dataclass(frozen=True)
@@ -382,6 +384,12 @@ def _check_mqtt(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
     lo = values.get("reconnect_min_s", MQTTConfig.reconnect_min_s)
     if values.get("reconnect_max_s", MQTTConfig.reconnect_max_s) < lo:
         raise _Invalid(f"{key}.reconnect_max_s", f"must be >= {key}.reconnect_min_s ({lo:g})")
+    client_id = values.get("client_id", MQTTConfig.client_id)
+    why = topic_problem(client_id, level=True) if values.get("shared_group") else None
+    if why is not None:
+        raise _Invalid(f"{key}.client_id", f"{_show(client_id)} {why}: with "
+                       f"{key}.shared_group set it names the node's status topic "
+                       "{base}/fleet/{client_id}, one topic level")
 
 
 def _check_modbus(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
@@ -495,6 +503,9 @@ _TLS = {"ca_file": _path("file", credential=True, nullable=True),
         "key_file": _path("file", credential=True, nullable=True),
         "insecure": _Key(_bool, "true or false")}
 
+_SHARE_NAME = ("a shared subscription group name: one topic level without + # / or control "
+               "characters")
+
 _MQTT = {
     "host": _mqtt_str(f"a non-empty host name or address (at most {MAX_HOST_BYTES} bytes)",
                       MAX_HOST_BYTES),
@@ -514,6 +525,9 @@ _MQTT = {
     "max_payload_bytes": _int(1, 268435455),  # the MQTT maximum packet size
     "reconnect_min_s": _num(0, DAY_S, strict=True, what="one day"),
     "reconnect_max_s": _num(0, DAY_S, strict=True, what="one day"),
+    "shared_group": _str(lambda s: topic_problem(s, level=True) is None, _SHARE_NAME,
+                         nullable=True),
+    "fleet_update_s": _num(0, DAY_S, strict=True, what="one day"),
 }
 
 _TOP = {

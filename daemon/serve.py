@@ -26,6 +26,7 @@ from rung.daemon.modbus.agent import PlcAgent
 from rung.daemon.modbus.link import Link
 from rung.daemon.modbus.regmap import load_map
 from rung.daemon.mqtt import requests as rq
+from rung.daemon.mqtt.fleet import Fleet
 from rung.daemon.mqtt.journal import Entry, Incoming, Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.topics import topic_problem
@@ -89,7 +90,7 @@ class Service:
                                    on_start=self._started,
                                    retry=RetryPolicy(r.attempts, r.budget_s, r.temperature,
                                                      dict(r.per_task)))
-        self.link = MQTTLink(cfg.mqtt, self._on_message, self._birth, self._on_connect,
+        self.link = MQTTLink(cfg.mqtt, self._on_message, self._status, self._on_connect,
                              self.metrics)
         self._links: dict[str, dict[str, Any]] = {}   # PLC link states, retained on MQTT
         self._plc_up: dict[str, bool] = {}
@@ -102,6 +103,8 @@ class Service:
         if dup is not None:
             raise ConfigError(f"plcs: two register maps use the id {dup!r}",
                               "give every PLC its own id (it names its MQTT topics)")
+        self._agent_tasks: dict[str, asyncio.Task[None]] = {}   # PLCs a fleet node won
+        self.fleet = self._fleet() if cfg.mqtt.shared_group else None
         self.started = time.time()
         self._outbox_wake = asyncio.Event()
         self._outbox_idle = asyncio.Event()
@@ -149,6 +152,8 @@ class Service:
                              s.client_id or f"{self.cfg.mqtt.client_id}-spb")
 
     def _link_state(self, plc_id: str, state: str, detail: str | None) -> None:
+        if self.fleet is not None and plc_id in self.fleet.refused:
+            return   # another node drives it now: its link state is that node's to say
         up = state in ("connected", "degraded")   # the PLC answers
         if self.sparkplug is not None and self._plc_up.get(plc_id) != up:
             self.sparkplug.plc_link(plc_id, up=up)   # DBIRTH / DDEATH on a change only
@@ -187,6 +192,8 @@ class Service:
     def _on_connect(self) -> None:
         """After every (re)connection: answers left over, held PLC events, link states."""
         self._wake_outbox()
+        if self.fleet is not None:
+            self.fleet.connected()   # PLC claims settled once the birth comes back
         self._spawn(self._flush_held())
         for plc_id, doc in self._links.items():
             self._spawn(self._publish_json(f"{self.cfg.mqtt.base_topic}/plc/{plc_id}/link",
@@ -267,6 +274,8 @@ class Service:
                                  entry.received)
             self.metrics.observe_request(req.task if req.task in self.runner.tasks else None,
                                          req.code, total_s=time.time() - entry.received)
+        elif self.fleet is not None and self.fleet.leaving:
+            pass   # stays pending: handed over to the group, or run after the restart
         elif not self.scheduler.submit(req, recovered):
             self._answer(Answer(req, False, "busy", f"queue full ({self.cfg.queue.max_pending} "
                                 "pending); retry later"))
@@ -428,6 +437,56 @@ class Service:
         self._unmarked[seq] = why
         self._mark_delivered()
 
+    # -- fleet (mqtt.shared_group: docs/mqtt.md, "Fleet") --------------------------------
+
+    def _fleet(self) -> Fleet:
+        return Fleet(self.cfg.mqtt, self.link, self._birth, self._queue_state,
+                     [a.plc.id for a in self.agents], self._claims)
+
+    def _status(self) -> dict[str, Any]:
+        """The retained status of every connection: the birth, or a fleet node's status."""
+        return self.fleet.doc() if self.fleet is not None else self._birth()
+
+    def _queue_state(self) -> dict[str, int]:
+        return {"depth": self.scheduler.depth, "inflight": self.scheduler.inflight,
+                "max_pending": self.cfg.queue.max_pending,
+                "max_batch": self.cfg.engine.max_batch}
+
+    def _claims(self, drive: set[str], refused: dict[str, str]) -> None:
+        """Drive the PLCs this node claimed; stop driving one another node took meanwhile
+        (refused PLCs never start)."""
+        for agent in self.agents:
+            plc = agent.plc.id
+            if plc in drive and plc not in self._agent_tasks:
+                self._agent_tasks[plc] = asyncio.get_running_loop().create_task(
+                    agent.run(), name=f"plc-{plc}")
+            elif plc in refused and plc in self._agent_tasks:
+                self._links.pop(plc, None)
+                self._spawn(agent.stop())
+
+    def _stop_scheduler_first(self, grace_s: float) -> asyncio.Task[int] | None:
+        """A fleet node starts nothing new once it stops (the batch in progress finishes):
+        what it holds goes to the nodes staying, or waits for its restart."""
+        if self.fleet is None:
+            return None
+        return asyncio.get_running_loop().create_task(self.scheduler.stop(grace_s))
+
+    async def _leave_fleet(self) -> bool:
+        """Stop taking requests when other nodes stay (True: then hand over)."""
+        return self.fleet is not None and await self.fleet.leave()
+
+    async def _hand_over(self) -> int:
+        assert self.fleet is not None
+        return await self.fleet.hand_over(self.journal, self.cfg.queue.request_timeout_s,
+                                          self._expire)
+
+    def _expire(self, e: Entry) -> None:
+        reply = rq.reply_address(e, self.cfg.mqtt.base_topic, self.cfg.mqtt.client_id,
+                                 rq.peek(e.payload, self.cfg.mqtt.max_payload_bytes))
+        self._publish_answer(e.seq, reply, e.topic.rpartition("/")[2] or None, "expired",
+                             "deadline passed before the request was started (message "
+                             "expiry or queue.request_timeout_s)", e.received)
+
     # -- lifecycle -----------------------------------------------------------------------
 
     def _birth(self) -> dict[str, Any]:
@@ -475,7 +534,10 @@ class Service:
         engine_loop.add_done_callback(self._scheduler_ended)
         tasks = [engine_loop, loop.create_task(self._outbox(), name="outbox"),
                  self._link_task]
-        tasks += [loop.create_task(a.run(), name=f"plc-{a.plc.id}") for a in self.agents]
+        if self.fleet is None:
+            tasks += [loop.create_task(a.run(), name=f"plc-{a.plc.id}") for a in self.agents]
+        else:   # a fleet node drives the PLCs it claimed (_claims)
+            tasks.append(loop.create_task(self.fleet.run(), name="fleet"))
         spb = (loop.create_task(self.sparkplug.run(), name="sparkplug")
                if self.sparkplug is not None else None)
         if self.cfg.metrics.port:
@@ -501,6 +563,9 @@ class Service:
             except TimeoutError:
                 log.warning("Sparkplug link did not close in 5 s")
             tasks.append(spb)
+        if self.fleet is not None:
+            self.fleet.close()
+            tasks += self._agent_tasks.values()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -542,10 +607,14 @@ class Service:
         """Stop intake, finish the batch in progress, publish answers, say offline."""
         self.notifier.stopping("stopping: finishing the request in progress")
         log.info("stopping")
-        self.link.accepting = False
         for agent in self.agents:   # a trigger in progress stays raised in the PLC
             await agent.stop()
-        left = await self.scheduler.stop(grace_s)
+        stopped = self._stop_scheduler_first(grace_s)
+        left_group = await self._leave_fleet()
+        self.link.accepting = False
+        left = await (stopped or self.scheduler.stop(grace_s))
+        if left_group:
+            left = max(0, left - await self._hand_over())
         if self.link.connected:
             self._wake_outbox()
             try:

@@ -254,6 +254,13 @@ class Journal:
                     "key = CASE WHEN key LIKE 'anon:%' THEN NULL ELSE key END "
                     "WHERE seq = ? AND state = 'answered'", (time.time(), note, seq))
 
+    def handed_over(self, seq: int, note: str) -> None:
+        """A pending request given to another node (a fleet node leaving its group): no
+        longer pending, and no longer a duplicate here (it may come back to this node, and
+        must then be run). Pruned like a delivered row."""
+        self._write("UPDATE entries SET state = 'delivered', updated = ?, note = ?, key = NULL "
+                    "WHERE seq = ? AND state = 'pending'", (time.time(), note, seq))
+
     def delivered(self, seq: int) -> None:
         """The broker acknowledged the answer; anonymous rows give up their key."""
         self._write("UPDATE entries SET state = 'delivered', updated = ?, "

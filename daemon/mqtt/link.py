@@ -10,6 +10,12 @@ start off, session expiry from config).
 
 Every foreign error becomes ``aiomqtt.MqttError`` handling here: the reconnect policy lives
 in this loop, nowhere else.
+
+In a fleet (``mqtt.shared_group``) the link takes requests through the shared subscription
+``$share/{group}/{base}/req/#`` and says online/offline on the node's own topic
+``{base}/fleet/{client_id}`` instead of ``{base}/status`` (``fleet.py``); the fleet's
+topics are subscribed before the birth goes out, so the birth's own copy arrives after
+every status retained before it (claims are ordered by it).
 """
 
 from __future__ import annotations
@@ -37,6 +43,29 @@ from rung.daemon.mqtt.journal import Incoming
 log = logging.getLogger("rung.mqtt")
 
 OnMessage = Callable[[Incoming], bool]   # True: recorded (acknowledge), False: leave it
+OnSide = Callable[[aiomqtt.Message], None]   # a watched topic's message (acknowledged at once)
+
+
+def request_filter(cfg: MQTTConfig) -> str:
+    """The subscription requests come through: shared by the group in a fleet."""
+    own = f"{cfg.base_topic}/req/#"
+    return f"$share/{cfg.shared_group}/{own}" if cfg.shared_group else own
+
+
+def status_topic(cfg: MQTTConfig) -> str:
+    """Where the node's birth and Last Will go: ``{base}/status``, or in a fleet its own
+    ``{base}/fleet/{client_id}`` (several nodes share ``{base}``)."""
+    if cfg.shared_group:
+        return f"{cfg.base_topic}/fleet/{cfg.client_id}"
+    return f"{cfg.base_topic}/status"
+
+
+def offline_doc(cfg: MQTTConfig) -> dict[str, Any]:
+    """The Last Will, also published on a clean stop."""
+    doc: dict[str, Any] = {"online": False, "client_id": cfg.client_id}
+    if cfg.shared_group:
+        doc["group"] = cfg.shared_group
+    return doc
 
 
 def _paho(client: aiomqtt.Client) -> paho_mqtt.Client:
@@ -48,6 +77,15 @@ def _paho(client: aiomqtt.Client) -> paho_mqtt.Client:
         raise RuntimeError("aiomqtt no longer exposes its paho client as _client: manual "
                            "QoS 1 acknowledgement is unavailable (check the pinned versions)")
     return inner
+
+
+def manual_acks(client: aiomqtt.Client) -> paho_mqtt.Client:
+    """Switch on manual QoS 1 acknowledgement (before connecting: messages queued in the
+    session arrive right after CONNACK); returns the paho client whose ``ack(mid, qos)``
+    sends each PUBACK."""
+    paho = _paho(client)
+    paho.manual_ack_set(True)
+    return paho
 
 
 def no_delay(client: aiomqtt.Client) -> None:
@@ -94,8 +132,9 @@ def incoming(message: aiomqtt.Message, claimed_id: str | None = None) -> Incomin
 class MQTTLink:
     """Connects, subscribes to ``{base}/req/#``, feeds ``on_message``, publishes answers.
 
-    ``birth`` gives the retained ``{base}/status`` payload published on every connection
-    (the Last Will publishes ``{"online": false}`` when rung vanishes).
+    ``birth`` gives the retained status payload published on every connection (the Last
+    Will publishes ``{"online": false}`` when rung vanishes); ``watch`` adds topics whose
+    messages go elsewhere (the fleet's statuses).
     """
 
     def __init__(self, cfg: MQTTConfig, on_message: OnMessage,
@@ -105,9 +144,11 @@ class MQTTLink:
         self.cfg, self.on_message, self.birth = cfg, on_message, birth
         self.on_connect, self.metrics = on_connect, metrics
         self.v5 = str(cfg.protocol) == "5"
-        self.status_topic = f"{cfg.base_topic}/status"
-        self.request_filter = f"{cfg.base_topic}/req/#"
+        self.status_topic = status_topic(cfg)
+        self.request_filter = request_filter(cfg)
         self.accepting = True         # False: messages are left unacknowledged
+        self.take_requests = True     # False once the node left its group: not resubscribed
+        self._watched: list[tuple[str, OnSide]] = []
         self.connections = 0
         self._client: aiomqtt.Client | None = None
         self._stop = asyncio.Event()
@@ -122,8 +163,7 @@ class MQTTLink:
         if self.v5:
             props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = c.session_expiry_s
-        will = aiomqtt.Will(self.status_topic, json.dumps(
-            {"online": False, "client_id": c.client_id}), qos=1, retain=True)
+        will = aiomqtt.Will(self.status_topic, json.dumps(offline_doc(c)), qos=1, retain=True)
         client = aiomqtt.Client(
             **connect_args(c), identifier=c.client_id,
             # v5: clean start off; 3.1.1: clean session off (paho refuses clean_start there)
@@ -131,8 +171,7 @@ class MQTTLink:
             clean_start=False if self.v5 else paho_mqtt.MQTT_CLEAN_START_FIRST_ONLY,
             properties=props, will=will, keepalive=c.keepalive_s, timeout=10)
         client.pending_calls_threshold = 1000   # answers are published back to back
-        # before connecting: messages queued in the session arrive right after CONNACK
-        _paho(client).manual_ack_set(True)
+        manual_acks(client)
         return client
 
     async def run(self) -> None:
@@ -159,13 +198,25 @@ class MQTTLink:
                 await asyncio.wait_for(self._stop.wait(), delay)
             delay = min(delay * 2, self.cfg.reconnect_max_s)
 
+    def watch(self, topic_filter: str, handler: OnSide) -> None:
+        """Subscribe ``topic_filter`` (QoS 1, retained messages sent) on every connection,
+        before the birth; its messages go to ``handler``, never to ``on_message``. Call
+        before ``run``."""
+        self._watched.append((topic_filter, handler))
+
     async def _serve(self, client: aiomqtt.Client) -> None:
         no_delay(client)
+        for topic_filter, _ in self._watched:
+            await client.subscribe(topic_filter, qos=1)
         await client.publish(self.status_topic, json.dumps(self.birth()), qos=1, retain=True)
-        # v5: no retained requests replayed at subscribe (each reconnect would re-run them)
-        options = (SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
-                   if self.v5 else None)
-        await client.subscribe(self.request_filter, qos=0 if options else 1, options=options)
+        if self.take_requests:
+            # v5: no retained requests replayed at subscribe (each reconnect would re-run
+            # them)
+            options = (SubscribeOptions(qos=1,
+                                        retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
+                       if self.v5 else None)
+            await client.subscribe(self.request_filter, qos=0 if options else 1,
+                                   options=options)
         self._client = client
         self.connections += 1
         if self.metrics is not None:
@@ -188,15 +239,22 @@ class MQTTLink:
         # a clean disconnect sends no Last Will: say offline ourselves
         self._client = None
         try:
-            await client.publish(self.status_topic, json.dumps(
-                {"online": False, "client_id": self.cfg.client_id}), qos=1, retain=True,
-                timeout=5)
+            await client.publish(self.status_topic, json.dumps(offline_doc(self.cfg)), qos=1,
+                                 retain=True, timeout=5)
         except aiomqtt.MqttError as e:
             log.warning("could not publish offline status: %s", e)
 
     async def _read(self, client: aiomqtt.Client) -> None:
         paho = _paho(client)
         async for message in client.messages:
+            handler = next((h for f, h in self._watched if message.topic.matches(f)), None)
+            if handler is not None:
+                try:
+                    handler(message)
+                finally:
+                    if message.qos > 0:
+                        paho.ack(message.mid, message.qos)
+                continue
             if self.metrics is not None:
                 self.metrics.mqtt_message("in")
             if not self.accepting:
@@ -205,18 +263,27 @@ class MQTTLink:
                 paho.ack(message.mid, message.qos)
 
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False,
-                      correlation: bytes | None = None) -> bool:
+                      correlation: bytes | None = None, response_topic: str | None = None,
+                      expiry_s: int | None = None,
+                      content_type: str | None = "application/json") -> bool:
         """Publish at QoS 1 and wait for the broker's PUBACK; False when not connected or
-        the publish failed (the caller keeps the message and retries after reconnect)."""
+        the publish failed (the caller keeps the message and retries after reconnect).
+        The v5 properties (ignored under 3.1.1): Correlation Data, Response Topic, Message
+        Expiry Interval, Content Type."""
         client = self._client
         if client is None:
             return False
         props = None
         if self.v5:
             props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-            props.ContentType = "application/json"
+            if content_type is not None:
+                props.ContentType = content_type
             if correlation is not None:
                 props.CorrelationData = correlation
+            if response_topic is not None:
+                props.ResponseTopic = response_topic
+            if expiry_s is not None:
+                props.MessageExpiryInterval = expiry_s
         try:
             await client.publish(topic, payload, qos=1, retain=retain, properties=props,
                                  timeout=10)
@@ -225,6 +292,38 @@ class MQTTLink:
             return False
         if self.metrics is not None:
             self.metrics.mqtt_message("out")
+        return True
+
+    async def watching(self, topic_filter: str, on: bool) -> bool:
+        """Subscribe (``on``) or unsubscribe a watched filter on the current connection;
+        every new connection subscribes it again. True once the broker acknowledged."""
+        client = self._client
+        if client is None:
+            return False
+        try:
+            if on:
+                await client.subscribe(topic_filter, qos=1, timeout=5)
+            else:
+                await client.unsubscribe(topic_filter, timeout=5)
+        except aiomqtt.MqttError as e:
+            log.warning("could not %s %s: %s", "subscribe" if on else "unsubscribe",
+                        topic_filter, e)
+            return False
+        return True
+
+    async def leave_requests(self) -> bool:
+        """Stop taking requests: UNSUBSCRIBE the request filter (a fleet node leaving its
+        group, so the broker hands requests to the others), and do not subscribe it again
+        on a later connection. True once the broker acknowledged it."""
+        self.take_requests = False
+        client = self._client
+        if client is None:
+            return False
+        try:
+            await client.unsubscribe(self.request_filter, timeout=5)
+        except aiomqtt.MqttError as e:
+            log.warning("could not unsubscribe %s: %s", self.request_filter, e)
+            return False
         return True
 
     def stop(self) -> None:
