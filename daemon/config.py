@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import ipaddress
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from rung.daemon import keyed
 from rung.daemon.keyed import read_yaml
 from rung.daemon.mqtt.topics import MAX_TOPIC_BYTES, text_problem, topic_problem
 from rung.engines.errors import RungError
@@ -195,223 +196,173 @@ class Config:
     source: Path | None
 
 
-class _Invalid(Exception):
-    def __init__(self, key: str, text: str, hint: str | None = None) -> None:
-        super().__init__(key, text, hint)
-        self.key, self.text, self.hint = key, text, hint
-
-
-class _Mismatch(Exception):
-    """Wrong type or out of range: reported as 'expected <form>, got <value>'."""
-
-
 @dataclass(frozen=True)
 class _Ctx:
     base_dir: Path
     env: Mapping[str, str]
 
 
-_Conv = Callable[[Any, str, _Ctx], Any]
+# where relative paths and credentials resolve, while one config is being parsed
+_CTX: ContextVar[_Ctx] = ContextVar("config_context")
 
 
-@dataclass(frozen=True)
-class _Key:
-    conv: _Conv
-    expect: str
-    nullable: bool = False
-    secret: bool = False
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _parse(raw: Any, prefix: str, schema: Mapping[str, _Key], ctx: _Ctx,
-           required: Iterable[str] = ()) -> dict[str, Any]:
-    if raw is None:  # a section whose keys are all commented out
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise _Invalid(prefix, f"expected a mapping of keys, got {_show(raw)}")
-    join = (lambda name: f"{prefix}.{name}") if prefix else str
-    for name in raw:
-        if name not in schema:
-            close = difflib.get_close_matches(str(name), list(schema), n=1)
-            raise _Invalid(join(name), f"unknown key; known keys here: {', '.join(schema)}",
-                           f"did you mean {close[0]!r}?" if close else None)
-    for name in required:
-        if name not in raw:
-            raise _Invalid(join(name), f"required, expected {schema[name].expect}")
-    out: dict[str, Any] = {}
-    for name, value in raw.items():
-        spec = schema[name]
-        if value is None and spec.nullable:
-            out[name] = None
-            continue
-        try:
-            out[name] = spec.conv(value, join(name), ctx)
-        except _Mismatch:
-            got = f"a {type(value).__name__}" if spec.secret else _show(value)
-            raise _Invalid(join(name), f"expected {spec.expect}, got {got}") from None
-    return out
-
-
-def _int(lo: int, hi: int | None = None) -> _Key:
-    def conv(v: Any, key: str, ctx: _Ctx) -> int:
+def _int(lo: int, hi: int | None = None) -> keyed.Key:
+    def conv(v: Any, key: str) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-            raise _Mismatch
+            raise keyed.Mismatch
         return v
-    return _Key(conv, f"an integer {lo}..{hi}" if hi is not None else f"an integer >= {lo}")
+    return keyed.Key(conv, f"an integer {lo}..{hi}" if hi is not None else f"an integer >= {lo}")
 
 
-def _num(lo: float, hi: float, strict: bool = False, what: str = "") -> _Key:
+def _num(lo: float, hi: float, strict: bool = False, what: str = "") -> keyed.Key:
     """A finite number in [lo, hi] (``strict``: above lo); ``what`` names the bound."""
-    def conv(v: Any, key: str, ctx: _Ctx) -> float:
+    def conv(v: Any, key: str) -> float:
         if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
                 or v < lo or (strict and v == lo) or v > hi):
-            raise _Mismatch
+            raise keyed.Mismatch
         return float(v)
     bound = f"{hi:.0f}" if hi >= 1 else f"{hi:g}"
-    return _Key(conv, f"a number {'>' if strict else '>='} {lo:g} and <= {bound}"
+    return keyed.Key(conv, f"a number {'>' if strict else '>='} {lo:g} and <= {bound}"
                       + (f" ({what})" if what else ""))
 
 
 def _str(ok: Callable[[str], bool] = bool, expect: str = "a non-empty string",
-         nullable: bool = False, secret: bool = False) -> _Key:
-    def conv(v: Any, key: str, ctx: _Ctx) -> str:
+         nullable: bool = False, secret: bool = False) -> keyed.Key:
+    def conv(v: Any, key: str) -> str:
         if not isinstance(v, str) or not ok(v):
-            raise _Mismatch
+            raise keyed.Mismatch
         return v
-    return _Key(conv, expect, nullable, secret)
+    return keyed.Key(conv, expect, nullable, secret)
 
 
-def _choice(*options: str) -> _Key:
+def _choice(*options: str) -> keyed.Key:
     # YAML reads `protocol: 5` as an int and `level: INFO` in capitals: both normalize
-    def conv(v: Any, key: str, ctx: _Ctx) -> str:
+    def conv(v: Any, key: str) -> str:
         text = str(v).lower() if isinstance(v, str | int) and not isinstance(v, bool) else None
         if text not in options:
-            raise _Mismatch
+            raise keyed.Mismatch
         return text
-    return _Key(conv, f"one of {', '.join(options)}")
+    return keyed.Key(conv, f"one of {', '.join(options)}")
 
 
-def _bool(v: Any, key: str, ctx: _Ctx) -> bool:
+def _bool(v: Any, key: str) -> bool:
     if not isinstance(v, bool):
-        raise _Mismatch
+        raise keyed.Mismatch
     return v
 
 
 def _path(must: str | None = None, credential: bool = False, nullable: bool = False,
-          expect: str = "a path") -> _Key:
-    def conv(v: Any, key: str, ctx: _Ctx) -> Path:
+          expect: str = "a path") -> keyed.Key:
+    def conv(v: Any, key: str) -> Path:
         if not isinstance(v, str) or not v:
-            raise _Mismatch
+            raise keyed.Mismatch
         if v.startswith(CREDENTIAL):
             name = v[len(CREDENTIAL):]
             if not credential:
-                raise _Invalid(key, f"{CREDENTIAL}NAME is only for mqtt.password_file and "
+                raise keyed.Invalid(key, f"{CREDENTIAL}NAME is only for mqtt.password_file and "
                                     "the mqtt.tls files")
             if not name or "/" in name or name in (".", ".."):
-                raise _Invalid(key, f"{v!r} does not name a credential")
+                raise keyed.Invalid(key, f"{v!r} does not name a credential")
+            ctx = _CTX.get()
             if not ctx.env.get("CREDENTIALS_DIRECTORY"):
-                raise _Invalid(key, f"{v!r} needs systemd's LoadCredential= "
+                raise keyed.Invalid(key, f"{v!r} needs systemd's LoadCredential= "
                                     "(CREDENTIALS_DIRECTORY is not set)",
                                f"add LoadCredential={name}:/path/to/file to the unit, "
                                "or set CREDENTIALS_DIRECTORY")
             path = Path(ctx.env["CREDENTIALS_DIRECTORY"]) / name
         else:
-            path = ctx.base_dir / v
+            path = _CTX.get().base_dir / v
         if must == "file" and not path.is_file():
-            raise _Invalid(key, f"{path} is not an existing file")
+            raise keyed.Invalid(key, f"{path} is not an existing file")
         if must == "dir" and not path.is_dir():
-            raise _Invalid(key, f"{path} is not an existing directory")
+            raise keyed.Invalid(key, f"{path} is not an existing directory")
         if must == "no_file" and path.exists() and not path.is_dir():
-            raise _Invalid(key, f"{path} exists and is not a directory")
+            raise keyed.Invalid(key, f"{path} exists and is not a directory")
         return path
-    return _Key(conv, expect, nullable)
+    return keyed.Key(conv, expect, nullable)
 
 
-def _plcs(v: Any, key: str, ctx: _Ctx) -> tuple[Path, ...]:
+def _plcs(v: Any, key: str) -> tuple[Path, ...]:
     if v is None:  # `plcs:` with every entry commented out
         return ()
     if not isinstance(v, list):
-        raise _Mismatch
+        raise keyed.Mismatch
     file, out = _path("file"), []
     for i, item in enumerate(v):
         try:
-            out.append(file.conv(item, f"{key}[{i}]", ctx))
-        except _Mismatch:
-            raise _Invalid(f"{key}[{i}]", f"expected a path, got {_show(item)}") from None
+            out.append(file.conv(item, f"{key}[{i}]"))
+        except keyed.Mismatch:
+            raise keyed.Invalid(f"{key}[{i}]", f"expected a path, got {keyed.show(item)}") from None
     return tuple(out)
 
 
-def _section(cls: type[Any], schema: Mapping[str, _Key], nullable: bool = False,
-             check: Callable[[dict[str, Any], str, _Ctx], None] | None = None) -> _Key:
+def _section(cls: type[Any], schema: Mapping[str, keyed.Key], nullable: bool = False,
+             check: Callable[[dict[str, Any], str], None] | None = None) -> keyed.Key:
     required = [f.name for f in dataclasses.fields(cls)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
-    def conv(v: Any, key: str, ctx: _Ctx) -> Any:
-        values = _parse(v, key, schema, ctx, required)
+    def conv(v: Any, key: str) -> Any:
+        values = keyed.fields(v, key, schema, required, keep_none=True)
         if check:
-            check(values, key, ctx)
+            check(values, key)
         return cls(**values)
-    return _Key(conv, "a mapping", nullable)
+    return keyed.Key(conv, "a mapping", nullable)
 
 
-def _check_tls(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+def _check_tls(values: dict[str, Any], key: str) -> None:
     if values.get("key_file") and not values.get("cert_file"):
-        raise _Invalid(f"{key}.key_file", f"needs {key}.cert_file as well")
+        raise keyed.Invalid(f"{key}.key_file", f"needs {key}.cert_file as well")
 
 
-def _check_mqtt(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+def _check_mqtt(values: dict[str, Any], key: str) -> None:
     pw_file = values.pop("password_file", None)
     if pw_file is not None:
         if values.get("password") is not None:
-            raise _Invalid(f"{key}.password_file",
+            raise keyed.Invalid(f"{key}.password_file",
                            f"give either {key}.password or {key}.password_file, not both")
         try:
             text = pw_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise _Invalid(f"{key}.password_file", f"cannot read {pw_file} "
+            raise keyed.Invalid(f"{key}.password_file", f"cannot read {pw_file} "
                            f"({getattr(e, 'strerror', None) or type(e).__name__})") from None
         values["password"] = text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
         if not values["password"]:
-            raise _Invalid(f"{key}.password_file", f"{pw_file} is empty")
+            raise keyed.Invalid(f"{key}.password_file", f"{pw_file} is empty")
     if (values.get("password") is not None and values.get("username") is None
             and values.get("protocol") == "3.1.1"):
-        raise _Invalid(f"{key}.password", "MQTT 3.1.1 sends a password only with a username",
+        raise keyed.Invalid(f"{key}.password", "MQTT 3.1.1 sends a password only with a username",
                        f"set {key}.username or use protocol 5")
     lo = values.get("reconnect_min_s", MQTTConfig.reconnect_min_s)
     if values.get("reconnect_max_s", MQTTConfig.reconnect_max_s) < lo:
-        raise _Invalid(f"{key}.reconnect_max_s", f"must be >= {key}.reconnect_min_s ({lo:g})")
+        raise keyed.Invalid(f"{key}.reconnect_max_s", f"must be >= {key}.reconnect_min_s ({lo:g})")
     client_id = values.get("client_id", MQTTConfig.client_id)
     why = topic_problem(client_id, level=True) if values.get("shared_group") else None
     if why is not None:
-        raise _Invalid(f"{key}.client_id", f"{_show(client_id)} {why}: with "
+        raise keyed.Invalid(f"{key}.client_id", f"{keyed.show(client_id)} {why}: with "
                        f"{key}.shared_group set it names the node's status topic "
                        "{base}/fleet/{client_id}, one topic level")
 
 
-def _check_modbus(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+def _check_modbus(values: dict[str, Any], key: str) -> None:
     lo = values.get("reconnect_min_s", ModbusConfig.reconnect_min_s)
     if values.get("reconnect_max_s", ModbusConfig.reconnect_max_s) < lo:
-        raise _Invalid(f"{key}.reconnect_max_s", f"must be >= {key}.reconnect_min_s ({lo:g})")
+        raise keyed.Invalid(f"{key}.reconnect_max_s", f"must be >= {key}.reconnect_min_s ({lo:g})")
 
 
-def _check_engine(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+def _check_engine(values: dict[str, Any], key: str) -> None:
     if values.get("backend") == "trt" and values.get("provider") is not None:
-        raise _Invalid(f"{key}.provider", f"applies to {key}.backend onnx only",
+        raise keyed.Invalid(f"{key}.provider", f"applies to {key}.backend onnx only",
                        "drop it: TensorRT always runs on the GPU")
 
 
-def _check_metrics(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+def _check_metrics(values: dict[str, Any], key: str) -> None:
     host = values.get("host", "127.0.0.1")
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = False
     if not loopback:
-        raise _Invalid(f"{key}.host", f"{host!r} is not a loopback address",
+        raise keyed.Invalid(f"{key}.host", f"{host!r} is not a loopback address",
                        "the endpoint has no authentication: keep it on 127.0.0.1 and let a "
                        "local agent or an SSH tunnel scrape it")
 
@@ -420,48 +371,48 @@ _BASE_TOPIC = ("a topic without wildcards (+ #), '$' prefix, control characters,
                "levels or leading/trailing '/'")
 
 
-def _base_topic(v: Any, key: str, ctx: _Ctx) -> str:
+def _base_topic(v: Any, key: str) -> str:
     """A topic name the broker takes (``topics.topic_problem``) that rung can extend by
     levels: no leading or trailing '/', no empty level."""
     if not isinstance(v, str):
-        raise _Mismatch
+        raise keyed.Mismatch
     why = topic_problem(v)
     if why is None and (v.startswith("/") or v.endswith("/")):
         why = "starts or ends with '/'"
     if why is None and "//" in v:
         why = "has an empty level ('//')"
     if why is not None:
-        raise _Invalid(key, f"expected {_BASE_TOPIC}, got {_show(v)}, which {why}")
+        raise keyed.Invalid(key, f"expected {_BASE_TOPIC}, got {keyed.show(v)}, which {why}")
     return v
 
 
 def _mqtt_str(expect: str, max_bytes: int = MAX_TOPIC_BYTES,
-              nullable: bool = False) -> _Key:
+              nullable: bool = False) -> keyed.Key:
     """A non-empty string an MQTT broker takes (client id, user name): no control
     characters, non-characters or surrogates (``topics.text_problem``), at most
     ``max_bytes`` of UTF-8."""
-    def conv(v: Any, key: str, ctx: _Ctx) -> str:
+    def conv(v: Any, key: str) -> str:
         if not isinstance(v, str) or not v:
-            raise _Mismatch
+            raise keyed.Mismatch
         why = text_problem(v)
         if why is None and len(v.encode("utf-8")) > max_bytes:
             why = f"is longer than {max_bytes} bytes"
         if why is not None:
-            raise _Invalid(key, f"expected {expect}, got {_show(v)}, which {why}")
+            raise keyed.Invalid(key, f"expected {expect}, got {keyed.show(v)}, which {why}")
         return v
-    return _Key(conv, expect, nullable)
+    return keyed.Key(conv, expect, nullable)
 
 
-def _password(v: Any, key: str, ctx: _Ctx) -> str:
+def _password(v: Any, key: str) -> str:
     # MQTT passwords are binary data: any text, but the length field holds 65535 bytes
     if not isinstance(v, str):
-        raise _Mismatch
+        raise keyed.Mismatch
     try:
         size = len(v.encode("utf-8"))
     except UnicodeEncodeError:
-        raise _Mismatch from None
+        raise keyed.Mismatch from None
     if size > MAX_TOPIC_BYTES:
-        raise _Mismatch
+        raise keyed.Mismatch
     return v
 
 
@@ -472,36 +423,36 @@ def _sparkplug_id(s: str) -> bool:
     return topic_problem(s, level=True) is None
 
 
-def _edition(v: Any, key: str, ctx: _Ctx) -> int:
+def _edition(v: Any, key: str) -> int:
     if isinstance(v, bool) or v not in (2, 3):
-        raise _Mismatch
+        raise keyed.Mismatch
     return int(v)
 
 
-def _per_task(v: Any, key: str, ctx: _Ctx) -> dict[str, int]:
+def _per_task(v: Any, key: str) -> dict[str, int]:
     if v is None:
         return {}
     if not isinstance(v, Mapping):
-        raise _Mismatch
+        raise keyed.Mismatch
     out = {}
     for name, n in v.items():
         if not isinstance(name, str) or isinstance(n, bool) or not isinstance(n, int) \
                 or not 1 <= n <= 10:
-            raise _Invalid(f"{key}.{name}", f"expected attempts 1..10, got {_show(n)}")
+            raise keyed.Invalid(f"{key}.{name}", f"expected attempts 1..10, got {keyed.show(n)}")
         out[name] = n
     return out
 
 
-def _check_sparkplug(values: dict[str, Any], key: str, ctx: _Ctx) -> None:
+def _check_sparkplug(values: dict[str, Any], key: str) -> None:
     if values.get("enabled") and not values.get("group_id"):
-        raise _Invalid(f"{key}.group_id", f"required when {key}.enabled is true",
+        raise keyed.Invalid(f"{key}.group_id", f"required when {key}.enabled is true",
                        "name the Sparkplug group the SCADA host subscribes to")
 
 
 _TLS = {"ca_file": _path("file", credential=True, nullable=True),
         "cert_file": _path("file", credential=True, nullable=True),
         "key_file": _path("file", credential=True, nullable=True),
-        "insecure": _Key(_bool, "true or false")}
+        "insecure": keyed.Key(_bool, "true or false")}
 
 _SHARE_NAME = ("a shared subscription group name: one topic level without + # / or control "
                "characters")
@@ -510,13 +461,13 @@ _MQTT = {
     "host": _mqtt_str(f"a non-empty host name or address (at most {MAX_HOST_BYTES} bytes)",
                       MAX_HOST_BYTES),
     "port": _int(1, 65535),
-    "base_topic": _Key(_base_topic, _BASE_TOPIC),
+    "base_topic": keyed.Key(_base_topic, _BASE_TOPIC),
     "client_id": _mqtt_str("a non-empty string without control characters (at most "
                            f"{MAX_TOPIC_BYTES} bytes)"),
     "protocol": _choice("5", "3.1.1"),
     "username": _mqtt_str("a non-empty string without control characters (at most "
                           f"{MAX_TOPIC_BYTES} bytes)", nullable=True),
-    "password": _Key(_password, f"a string of at most {MAX_TOPIC_BYTES} bytes", nullable=True,
+    "password": keyed.Key(_password, f"a string of at most {MAX_TOPIC_BYTES} bytes", nullable=True,
                      secret=True),
     "password_file": _path(credential=True, nullable=True),
     "tls": _section(TLSConfig, _TLS, nullable=True, check=_check_tls),
@@ -534,10 +485,10 @@ _TOP = {
     "engine": _section(EngineConfig, {"path": _path(expect="the exported engine directory"),
                                       "threads": _int(0, MAX_THREADS),
                                       "max_batch": _int(1, MAX_BATCH),
-                                      "prepack": _Key(_bool, "true or false",
+                                      "prepack": keyed.Key(_bool, "true or false",
                                                       nullable=True),
                                       "backend": _choice("onnx", "trt"),
-                                      "provider": _Key(_choice("cpu", "cuda").conv,
+                                      "provider": keyed.Key(_choice("cpu", "cuda").conv,
                                                        "one of cpu, cuda", nullable=True),
                                       "decode": _choice("auto", "plain", "fast")},
                        check=_check_engine),
@@ -555,18 +506,18 @@ _TOP = {
                                         "max_attempts": _int(1, 100)}),
     "log": _section(LogConfig, {"level": _choice("debug", "info", "warning", "error")}),
     "sparkplug": _section(SparkplugConfig, {
-        "enabled": _Key(_bool, "true or false"),
+        "enabled": keyed.Key(_bool, "true or false"),
         "group_id": _str(_sparkplug_id, _SPB_ID, nullable=True),
         "edge_node_id": _str(_sparkplug_id, _SPB_ID, nullable=True),
         "client_id": _str(lambda s: text_problem(s) is None and 0 < len(s.encode()) <= 65535,
                           "a client id without control characters", nullable=True),
         "primary_host_id": _str(_sparkplug_id, _SPB_ID, nullable=True)},
         check=_check_sparkplug),
-    "st": _section(StConfig, {"edition": _Key(_edition, "2 or 3")}),
+    "st": _section(StConfig, {"edition": keyed.Key(_edition, "2 or 3")}),
     "retries": _section(RetriesConfig, {
         "attempts": _int(1, 10), "budget_s": _num(0, YEAR_S, what="one year"),
         "temperature": _num(0, 2, strict=True),
-        "per_task": _Key(_per_task, "a mapping of task name to attempts 1..10")}),
+        "per_task": keyed.Key(_per_task, "a mapping of task name to attempts 1..10")}),
     "modbus": _section(ModbusConfig, {"reconnect_min_s": _num(0, DAY_S, strict=True,
                                                               what="one day"),
                                       "reconnect_max_s": _num(0, DAY_S, strict=True,
@@ -576,7 +527,7 @@ _TOP = {
                        check=_check_modbus),
     "state_dir": _path("no_file", expect="a directory path"),
     "tasks_dir": _path("dir", nullable=True),
-    "plcs": _Key(_plcs, "a list of register-map file paths"),
+    "plcs": keyed.Key(_plcs, "a list of register-map file paths"),
 }
 _TOP_DEFAULTS: dict[str, Any] = {"engine": {}, "mqtt": {}, "queue": {}, "metrics": {}, "kv": {},
                                  "journal": {}, "log": {}, "modbus": {}, "sparkplug": {},
@@ -630,18 +581,19 @@ def parse_config(data: Mapping[str, Any], base_dir: Path, overrides: Sequence[st
     for item in overrides:
         apply_override(raw, item)
     overridden = [item.partition("=")[0].strip() for item in overrides]
-    ctx = _Ctx(Path(base_dir).absolute(), os.environ if env is None else env)
+    token = _CTX.set(_Ctx(Path(base_dir).absolute(), os.environ if env is None else env))
     try:
-        values = _parse({**_TOP_DEFAULTS, **raw}, "", _TOP, ctx)
-    except _Invalid as e:
+        values = keyed.fields({**_TOP_DEFAULTS, **raw}, "", _TOP, keep_none=True)
+    except keyed.Invalid as e:
         from_set = any(e.key == k or e.key.startswith((f"{k}.", f"{k}[")) for k in overridden)
         where = "--set" if from_set else source
         raise ConfigError(f"{e.key}: {e.text}" + (f" [{where}]" if where else ""),
                           e.hint) from None
+    finally:
+        _CTX.reset(token)
     return Config(**values, source=source)
 
 
-# A key given twice in one mapping would otherwise let the later one win silently
 def load_config(path: Path | None, overrides: Sequence[str] = (),
                 env: Mapping[str, str] | None = None) -> Config:
     """Read and check the config file at ``path`` (``None``: built-in defaults only).

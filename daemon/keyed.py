@@ -56,9 +56,9 @@ def at(prefix: str, name: str) -> str:
 
 
 def fields(raw: Any, prefix: str, schema: Mapping[str, Key],
-           required: Sequence[str] = ()) -> dict[str, Any]:
+           required: Sequence[str] = (), keep_none: bool = False) -> dict[str, Any]:
     """The keys of ``raw`` checked and converted (an empty nullable value is left out, so
-    the default applies).
+    the default applies; ``keep_none``: kept as None).
 
     Raises:
         Invalid: not a mapping, an unknown key, a required key missing, a wrong value.
@@ -79,6 +79,8 @@ def fields(raw: Any, prefix: str, schema: Mapping[str, Key],
     for name, value in raw.items():
         spec = schema[name]
         if value is None and spec.nullable:
+            if keep_none:
+                out[name] = None
             continue
         try:
             out[name] = spec.conv(value, at(prefix, name))
