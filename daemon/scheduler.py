@@ -66,15 +66,16 @@ class Decoder(Protocol):
 
 
 class Scheduler:
-    """Owns a ``TaskRunner`` and a continuous batch of ``max_batch`` rows; answers through
-    ``answer`` (called on the event loop)."""
+    """Owns a ``TaskRunner`` and a continuous batch of ``max_batch`` rows. ``submit`` gives
+    each request the future of its answer; ``observe`` sees every answer too (metrics),
+    on the event loop."""
 
-    def __init__(self, runner: TaskRunner, answer: AnswerFn, max_pending: int,
+    def __init__(self, runner: TaskRunner, observe: AnswerFn, max_pending: int,
                  max_batch: int = 1, stuck_after_s: float = 600.0,
                  make_decoder: Callable[[int], Decoder] | None = None,
                  on_start: Callable[[Request], object] | None = None,
                  retry: RetryPolicy | None = None) -> None:
-        self.runner, self.answer = runner, answer
+        self.runner, self.observe = runner, observe
         self.retry = retry            # verified retries of answers that fail validation
         self.on_start = on_start      # told before the model starts on a request
         self.max_pending, self.max_batch = max_pending, max_batch
@@ -82,6 +83,7 @@ class Scheduler:
         self.make_decoder = make_decoder or self._batch_decoder
         self.decoder = self.make_decoder(max_batch)
         self.queue: deque[Request] = deque()
+        self._futures: dict[int, asyncio.Future[Answer]] = {}   # id(request) -> its answer
         self.busy_since: float | None = None
         self._inflight: dict[Hashable, tuple[Request, Prepared]] = {}
         self._tags = itertools.count()
@@ -105,16 +107,19 @@ class Scheduler:
     def inflight(self) -> int:
         return len(self._inflight)
 
-    def submit(self, request: Request, recovered: bool = False) -> bool:
-        """Queue a request; False when the queue is full or intake has stopped (a request
-        recovered from the journal after a restart was accepted before: it always fits)."""
+    def submit(self, request: Request, recovered: bool = False) -> asyncio.Future[Answer] | None:
+        """Queue a request; the future of its answer, or None when the queue is full or
+        intake has stopped (a request recovered from the journal after a restart was
+        accepted before: it always fits). Call from the event loop."""
         if self._stopping or (not recovered and len(self.queue) >= self.max_pending):
-            return False
+            return None
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._futures[id(request)] = future
         self.queue.append(request)
         self._wake.set()
         if self.decoder.free:
             self._arrived.set()
-        return True
+        return future
 
     def start(self) -> asyncio.Task[None]:
         """Start the engine loop. What is loaded by now (engine, tokenizer, grammars,
@@ -239,10 +244,14 @@ class Scheduler:
         self._reply_answer(_answer(req, res))
 
     def _reply_answer(self, answer: Answer) -> None:
+        """Resolve the request's future; the observer sees every answer (metrics)."""
+        future = self._futures.pop(id(answer.request), None)
+        if future is not None and not future.done():
+            future.set_result(answer)
         try:
-            self.answer(answer)
-        except Exception:   # a failed answer must not stop the engine loop
-            log.exception("answering request %d failed", answer.request.seq)
+            self.observe(answer)
+        except Exception:   # a failed observer must not stop the engine loop
+            log.exception("observing the answer to request %d failed", answer.request.seq)
 
     def liveness(self) -> str | None:
         """None when healthy, else why not (for the systemd watchdog)."""

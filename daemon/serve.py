@@ -84,7 +84,7 @@ class Service:
         if unknown:
             raise ConfigError(f"retries.per_task.{unknown[0]}: no task named {unknown[0]!r}",
                               f"tasks: {', '.join(sorted(runner.tasks))}")
-        self.scheduler = Scheduler(runner, self._answer, cfg.queue.max_pending,
+        self.scheduler = Scheduler(runner, self._observe, cfg.queue.max_pending,
                                    cfg.engine.max_batch,
                                    stuck_after_s=max(120.0, 2 * cfg.queue.request_timeout_s),
                                    on_start=self._started,
@@ -255,7 +255,7 @@ class Service:
 
     def _started(self, req: rq.Request) -> None:
         """Count the attempt before the model starts (a poison message is recognised)."""
-        if req.on_answer is not None or req.seq <= 0:
+        if req.reply is None or req.seq <= 0:
             return   # Modbus jobs live in the PLC's registers, not in the journal
         try:
             self.journal.started(req.seq)
@@ -276,9 +276,13 @@ class Service:
                                          req.code, total_s=time.time() - entry.received)
         elif self.fleet is not None and self.fleet.leaving:
             pass   # stays pending: handed over to the group, or run after the restart
-        elif not self.scheduler.submit(req, recovered):
-            self._answer(Answer(req, False, "busy", f"queue full ({self.cfg.queue.max_pending} "
-                                "pending); retry later"))
+        elif (future := self.scheduler.submit(req, recovered)) is not None:
+            future.add_done_callback(lambda f: self._answer(f.result()))
+        else:
+            busy = Answer(req, False, "busy", f"queue full ({self.cfg.queue.max_pending} "
+                          "pending); retry later")
+            self._answer(busy)
+            self._observe(busy)
         self.metrics.set_queue(self.scheduler.depth, self.scheduler.inflight)
 
     def _quarantine(self, entry: Entry, req: rq.Request | rq.Failure) -> None:
@@ -289,18 +293,18 @@ class Service:
         log.error("request %d %s", entry.seq, why)
         self.metrics.quarantined.inc()
         task = req.task if isinstance(req, rq.Request) else None
-        self._publish_answer(entry.seq, req.reply, task, "internal", why, entry.received,
+        reply = req.reply or rq.reply_address(entry, self.cfg.mqtt.base_topic,
+                                              self.cfg.mqtt.client_id, {})
+        self._publish_answer(entry.seq, reply, task, "internal", why, entry.received,
                              note=why)
         self.metrics.observe_request(task, "internal", total_s=time.time() - entry.received)
 
     # -- answers -------------------------------------------------------------------------
 
     def _answer(self, a: Answer) -> None:
+        """An MQTT request's answer: recorded, then published by the outbox."""
         req = a.request
-        if req.on_answer is not None:   # a Modbus job: its agent reports and answers
-            self._observe(a)
-            req.on_answer(a)
-            return
+        assert req.reply is not None   # every MQTT request has its reply address
         usage = {k: a.usage.get(k) for k in USAGE_KEYS if k in a.usage or k in USAGE_CORE}
         usage["total_ms"] = round((time.time() - req.received) * 1000, 1)
         if a.ok:
@@ -321,7 +325,6 @@ class Service:
                 extra["attempts"] = a.attempts
             self._publish_answer(req.seq, req.reply, req.task, a.code or "internal",
                                  a.message, req.received, extra, req.session)
-        self._observe(a)
 
     def _formats(self, req: rq.Request, output: Any) -> dict[str, Any] | None:
         """The extra forms of an answer the request asked for (``output_formats``)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from rung.daemon.modbus.link import Link, ModbusError, ModbusTransientError
 from rung.daemon.modbus.regmap import PlcMap
-from rung.daemon.mqtt.requests import Address, Request
+from rung.daemon.mqtt.requests import Request
 from rung.daemon.scheduler import Answer
 
 log = logging.getLogger("rung.plc")
@@ -45,7 +45,7 @@ SNAPSHOT_ATTEMPTS = 5
 PRIORITY = {"low": 1, "medium": 2, "high": 3, "critical": 4}
 _FORMAT = 1   # of the answer file
 
-Submit = Callable[[Request], bool]
+Submit = Callable[[Request], "asyncio.Future[Answer] | None"]   # None: the queue is full
 OnRetry = Callable[[str, int], None]   # (operation, failed attempts in a row)
 
 
@@ -146,23 +146,14 @@ class Diagnoser:
     async def _ask(self, job: Job, task: str, data: dict[str, Any]) -> int:
         """Run one task request through the shared queue, wait for its answer; the err
         code it means for the PLC."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Answer] = loop.create_future()
-
-        def resolve(answer: Answer) -> None:
-            if not fut.done():
-                fut.set_result(answer)
-
         now = time.time()
-        req = Request(seq=0, task=task, input=data,
-                      reply=Address(f"{self.base}/diag/{self.plc.id}/event", None,
-                                    f"{self.plc.id}-{job.req_seq}-{task}"),
-                      received=now, deadline=now + self.timeout_s,
-                      session=f"plc:{self.plc.id}", on_answer=resolve)
-        if not self.submit(req):
+        req = Request(seq=0, task=task, input=data, received=now,
+                      deadline=now + self.timeout_s, session=f"plc:{self.plc.id}")
+        future = self.submit(req)
+        if future is None:
             job.answers[task] = Answer(req, False, "busy", "queue full")
             return ERR_BUSY
-        answer = await fut
+        answer = await future
         job.answers[task] = answer
         return ERR_OK if answer.ok else _ERR_BY_CODE.get(answer.code or "internal",
                                                          ERR_INTERNAL)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rung.daemon.mqtt.journal import Entry
@@ -37,15 +37,17 @@ class Address:
 
 @dataclass(frozen=True)
 class Request:
-    """A parsed task request (its input is checked against the task schema later, by the
-    runner, which answers ``bad_request`` for a mismatch)."""
+    """A task request: what the scheduler needs (task, input, sampling, deadline), and for
+    one that came over MQTT its journal row (``seq``) and reply address. The input is
+    checked against the task schema later, by the runner (``bad_request`` on a mismatch).
+    Its answer comes back as the future ``Scheduler.submit`` returns."""
 
-    seq: int
+    seq: int                 # the journal row (0: not journaled, e.g. a PLC's job)
     task: str
     input: dict[str, Any]
-    reply: Address
     received: float
     deadline: float
+    reply: Address | None = None   # MQTT only: where the answer goes
     session: str | None = None
     max_tokens: int | None = None
     temperature: float = 0.0
@@ -53,10 +55,6 @@ class Request:
     top_k: int = 0
     seed: int | None = None
     output_formats: tuple[str, ...] = ()   # extra forms of the answer (OUTPUT_FORMATS)
-    # set by adapters that are not answered over MQTT (Modbus jobs): gets the scheduler's
-    # Answer instead of the journal and the outbox
-    on_answer: Callable[[Any], object] | None = field(default=None, compare=False,
-                                                      repr=False)
 
 
 @dataclass(frozen=True)

@@ -115,8 +115,8 @@ def test_full_queue_refuses_but_recovered_fits() -> None:
         answers: list[Answer] = []
         s = _sched(FakeRunner(), answers, max_pending=2)
         assert s.submit(_req(1)) and s.submit(_req(2))
-        assert s.submit(_req(3)) is False
-        assert s.submit(_req(4), recovered=True) is True
+        assert s.submit(_req(3)) is None
+        assert s.submit(_req(4), recovered=True) is not None
         assert s.depth == 3 and [r.seq for r in s.queue] == [1, 2, 4]
         assert await s.stop(1.0) == 3 and answers == []
     _run(body)
@@ -217,7 +217,7 @@ def test_stop_ends_intake_and_reports_what_is_left() -> None:
         await _until(lambda: s.inflight == 1)
         stopping = asyncio.ensure_future(s.stop(5.0))
         await asyncio.sleep(0.02)
-        assert s.submit(_req(9)) is False and s.submit(_req(10), recovered=True) is False
+        assert s.submit(_req(9)) is None and s.submit(_req(10), recovered=True) is None
         gate.set()
         assert await stopping == 2                         # the batch in progress finished
         assert [a.request.seq for a in answers] == [0] and len(runner.batches) == 1
@@ -333,4 +333,17 @@ def test_a_dead_loop_is_reported_by_liveness() -> None:
         await _until(task.done)
         assert s.liveness() == "the scheduler loop has stopped"
         assert await s.stop(1.0) == 1    # stop still works, the request stays queued
+    _run(body)
+
+
+def test_submit_returns_the_future_of_its_answer() -> None:
+    async def body() -> None:
+        seen: list[Answer] = []
+        s = _sched(FakeRunner(), seen, max_pending=4)
+        s.start()
+        futures = [s.submit(_req(i)) for i in range(3)]
+        answers = [await f for f in futures if f is not None]
+        assert [a.request.seq for a in answers] == [0, 1, 2] and all(a.ok for a in answers)
+        assert seen == answers          # the observer sees each answer once
+        await s.stop(1.0)
     _run(body)

@@ -54,7 +54,7 @@ class Plant:
     published: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     broken: bool = False   # the scheduler's intake raises (a bug inside rung)
 
-    def submit(self, req: Request) -> bool:
+    def submit(self, req: Request) -> asyncio.Future[Answer] | None:
         self.submitted.append(req.task)
         if self.broken:
             raise RuntimeError("intake broken")
