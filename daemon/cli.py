@@ -24,7 +24,8 @@ from rung.engines.errors import RungError
 
 def _export_parser(sub: Any) -> None:
     p = sub.add_parser("export", help="export a Hugging Face checkpoint to an engine directory")
-    p.add_argument("hf_dir", type=Path, help="local Hugging Face model directory")
+    p.add_argument("hf_dir", type=Path,
+                   help="local Hugging Face model directory or a .gguf file")
     p.add_argument("-o", "--output", type=Path, required=True, help="engine directory to write")
     p.add_argument("--weights", choices=["fp32", "fp16", "int8", "int4"],
                    help="weight precision (default fp32; fp16 with --target trt); int8/int4 "
@@ -42,8 +43,10 @@ def _export_parser(sub: Any) -> None:
                    "as trained into the checkpoint")
     p.add_argument("--calib-text", type=Path, help="calibration text for --ffn-skip calibrate")
     p.add_argument("--quality-budget", type=float, default=0.05,
-                   help="max mean next-token KL (nats) vs the unskipped model on held-out "
-                   "calibration text (default 0.05)")
+                   help="max mean next-token KL (nats) against the fp32 model on held-out "
+                   "real text, for each lossy choice: skipped FFNs, int8/int4 weights "
+                   "(int4 promotes the most sensitive groups to 8 bits to stay within it), "
+                   "fp16/fp8 KV (default 0.05)")
     p.add_argument("--graph", default="auto", choices=["auto", "fused", "generic"],
                    help="fused: ONNX Runtime's GroupQueryAttention & co. (fp32/fp16 KV, not "
                    "fp16 weights); generic: plain ONNX ops (every KV dtype); auto (default): "
@@ -153,8 +156,8 @@ def run_export(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise ExportError(f"the exporter needs the [export] extra ({e.name} is missing)",
                           "pip install 'rung[export]'") from e
-    if args.weights is None:  # a plan computes in the graph's own precision
-        args.weights = "fp16" if args.target == "trt" else "fp32"
+    if args.weights is None and args.target == "trt":  # a plan computes in its precision
+        args.weights = "fp16"   # else None: the checkpoint's own (a 4-bit GGUF: int4)
     if args.target == "trt":
         export = _trt_exporter(args)
     m = export(args.hf_dir, args.output, ExportOptions(

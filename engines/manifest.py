@@ -13,6 +13,12 @@ Format 3 adds the optional ``trt`` record: a TensorRT plan built from the graph 
 (``rung export --target trt``), listed in ``artifacts`` like every other file. Formats 1 and
 2 still load (no plan).
 
+Format 4 adds the parity record's ``max_mean_kl`` (lossy paths are accepted on KL and greedy
+agreement over real text, exact paths keep ``tolerance_rel``; see export/verify.py) and,
+inside ``quantization``, per-matrix bits and zero points (``scheme`` ``asymmetric`` or
+``symmetric``, ``layers``: the matrices kept at 8 bits) and the source a GGUF file stored
+each matrix as. Formats 1 to 3 still load.
+
 Layout of the generic graph (``kv.layout`` ``position_major_SBHD``):
 
     inputs   input_ids      int64  [B, S]
@@ -60,7 +66,7 @@ from typing import Any
 
 from rung.engines.errors import ManifestError
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 OLDEST_FORMAT = 1  # format 1 lacks only optional keys
 MANIFEST_NAME = "manifest.json"
 KV_LAYOUT = "position_major_SBHD"
@@ -139,6 +145,9 @@ class Parity:
     tolerance_rel: float | None = None
     min_greedy_agreement: float | None = None
     mean_kl: float | None = None
+    # format 4: the bound on mean_kl (None for format 3 and older, which bounded the max
+    # relative logit error only); tolerance_rel is None where the path is not exact
+    max_mean_kl: float | None = None
 
 
 @dataclass(frozen=True)

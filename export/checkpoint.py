@@ -1,8 +1,11 @@
-"""Import a local Hugging Face checkpoint directory into rung's PyTorch model.
+"""Import a local Hugging Face checkpoint directory, or a GGUF file, into rung's PyTorch model.
 
 Reads ``config.json``, single or sharded ``*.safetensors`` (with
-``model.safetensors.index.json``), the tokenizer files and ``generation_config.json``. Every
-failure is a ``CheckpointError`` that names the file and the fix.
+``model.safetensors.index.json``), the tokenizer files and ``generation_config.json``. A
+``.gguf`` file is read by ``export/gguf.py`` into the same terms; its config and tokenizer
+files are written to a small side directory (the engine copies its tokenizer from there),
+its weights stay in memory. Every failure is a ``CheckpointError`` that names the file and
+the fix.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class Checkpoint:
     model: RungForCausalLM
     tokenizer: TokenizerSpec
     generation: dict[str, Any]
+    # a GGUF source: linear module name (layers.3.mlp.down_proj, lm_head) -> GGML type
+    storage: dict[str, str] | None = None
 
 
 def read_json(path: Path, required: bool = True) -> dict[str, Any]:
@@ -143,20 +148,40 @@ def load_weights(model: RungForCausalLM, state: dict[str, torch.Tensor], where: 
 
 
 def load_checkpoint(hf_dir: Path, max_seq: int | None = None,
-                    norm_eps: float | None = None) -> Checkpoint:
-    """Import ``hf_dir`` into an fp32 ``RungForCausalLM``.
+                    norm_eps: float | None = None, workdir: Path | None = None) -> Checkpoint:
+    """Import ``hf_dir`` (or a ``.gguf`` file) into an fp32 ``RungForCausalLM``.
 
     Args:
-        hf_dir: local directory in Hugging Face layout.
+        hf_dir: local directory in Hugging Face layout, or a GGUF file.
         max_seq: longest sequence the exported engine serves (default: the config's
             max_position_embeddings, capped at 4096 and at a sliding window).
         norm_eps: override every RMSNorm eps.
+        workdir: a GGUF file's config and tokenizer files go here (required for GGUF).
     Raises:
         CheckpointError: missing/corrupt files, unsupported architecture, shape mismatch.
     """
     hf_dir = Path(hf_dir)
+    if hf_dir.suffix == ".gguf" and hf_dir.is_file():
+        from rung.export.gguf import read_gguf, write_hf_dir
+
+        if workdir is None:
+            raise CheckpointError(f"{hf_dir}: a GGUF file needs a work directory", "report it")
+        gguf = read_gguf(hf_dir)
+        side = write_hf_dir(gguf, workdir, weights=False)
+        ckpt = _assemble(side, gguf.state, max_seq, norm_eps)
+        ckpt.storage = {name.removeprefix("model."): kind
+                        for name, kind in gguf.storage.items()}
+        return ckpt
     if not hf_dir.is_dir():
-        raise CheckpointError(f"{hf_dir}: not a directory", "give a local model directory")
+        raise CheckpointError(f"{hf_dir}: not a directory",
+                              "give a local model directory or a .gguf file")
+    return _assemble(hf_dir, None, max_seq, norm_eps)
+
+
+def _assemble(hf_dir: Path, state: dict[str, torch.Tensor] | None, max_seq: int | None,
+              norm_eps: float | None) -> Checkpoint:
+    """The checkpoint of ``hf_dir``'s config and tokenizer, with ``state`` as its weights
+    (None: read from the directory's safetensors)."""
     cfg = parse_config(read_json(hf_dir / "config.json"), str(hf_dir / "config.json"))
     limit = min(cfg.max_position, cfg.sliding_window or cfg.max_position)
     seq = min(max_seq or min(limit, 4096), limit)
@@ -173,7 +198,7 @@ def load_checkpoint(hf_dir: Path, max_seq: int | None = None,
     except TokenizerError as e:
         raise CheckpointError(e.message, e.hint) from e
     model = RungForCausalLM(cfg, seq)
-    load_weights(model, load_state(hf_dir), hf_dir)
+    load_weights(model, load_state(hf_dir) if state is None else state, hf_dir)
     if norm_eps is not None:
         model.set_norm_eps(norm_eps)
     model.eval()

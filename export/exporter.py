@@ -1,8 +1,12 @@
-"""``rung export``: HF checkpoint -> our PyTorch model -> ONNX graph -> verified engine dir.
+"""``rung export``: HF checkpoint or GGUF file -> our PyTorch model -> ONNX graph -> verified
+engine dir.
 
 The manifest is written last and only when verification passes (or was skipped on request,
 ``--no-verify``: the manifest then has no parity record): a directory with a manifest is a
-complete engine.
+complete engine. Verification has two parts, both on real text (``export/prompts.py``):
+the graph against the PyTorch model it was built from (``export/verify.py``), and what the
+lossy choices (int8/int4 weights, fp16/fp8 KV) cost against the fp32 model, refused above
+``--quality-budget`` (mean next-token KL, nats) with the numbers and what to try.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import shutil
+import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +37,15 @@ from rung.engines.manifest import (
 from rung.engines.onnx_engine import OnnxEngine
 from rung.engines.progress import step
 from rung.engines.tokenizer import Tokenizer
+from rung.export.blockquant import Blocks
 from rung.export.checkpoint import Checkpoint, load_checkpoint
 from rung.export.ffn_calibrate import calibrate
+from rung.export.gguf import GGML_TYPES
+from rung.export.mixed import LAYER_UNITS, choose, importance
 from rung.export.model import RungForCausalLM
 from rung.export.onnx_fused import FUSED_KV, build_fused_graph, fused_io_specs
 from rung.export.onnx_graph import OPSET, build_graph, io_specs
+from rung.export.prompts import CALIBRATION, HELD_OUT, text_rows, text_stream
 from rung.export.quantize import BITS, QuantSpec, quant_spec, quantize_graph, quantized_model
 from rung.export.verify import kv_accuracy, verify, weight_accuracy
 
@@ -46,7 +56,9 @@ RUNG_VERSION = "0.1.0"
 
 @dataclass(frozen=True)
 class ExportOptions:
-    weights: str = "fp32"        # fp32 | fp16 | int8 | int4
+    # fp32 | fp16 | int8 | int4; None: fp32 for a HF directory, a GGUF file's own precision
+    # (a 4-bit GGUF becomes a 4-bit engine, its 6- and 8-bit matrices 8-bit ones)
+    weights: str | None = None
     block_size: int | None = None  # int8/int4: input channels per scale (default 32)
     lm_head_bits: int | None = None  # int8/int4: the LM head's bits (default 8)
     # fp8 (e4m3, per-token-per-head scales) by default: 0.27x of fp32's memory; on the
@@ -58,39 +70,54 @@ class ExportOptions:
     verify: bool = True
     ffn_skip: str = "off"        # off | calibrate | trained (gates shipped in the checkpoint)
     calib_text: Path | None = None
-    quality_budget: float = 0.05  # max mean next-token KL (nats) on held-out text
+    # max mean next-token KL (nats) on held-out real text: of the FFN gates against the
+    # unskipped model, and of the int8/int4 weights and of fp16/fp8 KV against fp32
+    quality_budget: float = 0.05
+    symmetric: bool = False      # int8/int4: no zero points (the grid centred on 0)
     # fused (GroupQueryAttention & co., fp32/fp16 KV, fp32/int8/int4 weights) | generic |
     # auto: fused wherever it applies (docs/benchmarks.md, "Fused graph")
     graph: str = "auto"
 
 
 WEIGHTS = ("fp32", "fp16", *BITS)
+# int4 mixed precision aims at this share of the budget on the calibration text: the
+# engine's own measurement on held-out text (int8 activations included) must still fit. On
+# SmolLM2-135M the two landed within 2 % of each other (0.6: 0.0297 / 0.0297, 71 groups at
+# 8 bits, 7.1 bits per weight; 0.8: 0.0396 / 0.0388, 56 groups, 6.6 bits per weight)
+SELECT_MARGIN = 0.8
+TEXT_ROWS, TEXT_LENGTH = 12, 64  # real text: rows x tokens, teacher-forced
 FFN_SKIP = ("off", "calibrate", "trained")
 GRAPHS = ("auto", "fused", "generic")
 KV = {"fp32": "float32", "fp16": "float16", "fp8": "float8_e4m3fn"}
 
 
 def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
-    """Export ``hf_dir`` to ``out_dir``; returns the written manifest.
+    """Export ``hf_dir`` (a Hugging Face directory or a ``.gguf`` file) to ``out_dir``;
+    returns the written manifest.
 
     Raises:
         CheckpointError: the checkpoint cannot be imported.
-        ExportError: unsupported option, graph/ORT failure, verification out of tolerance.
+        ExportError: unsupported option, graph/ORT failure, verification out of tolerance,
+            a lossy choice over the quality budget.
     """
-    if opts.weights not in WEIGHTS:
+    if opts.weights is not None and opts.weights not in WEIGHTS:
         raise ExportError(f"--weights {opts.weights} is not available",
                           f"choose one of {', '.join(WEIGHTS)}")
-    spec = (quant_spec(opts.weights, opts.block_size, opts.lm_head_bits)
-            if opts.weights in BITS else None)
-    for flag, value in (("--block-size", opts.block_size),
-                        ("--lm-head-bits", opts.lm_head_bits)):
-        if spec is None and value is not None:
-            raise ExportError(f"{flag} applies to --weights int8|int4, not {opts.weights}",
-                              f"drop {flag} or choose --weights int8|int4")
+    if opts.weights in BITS:
+        quant_spec(opts.weights, opts.block_size, opts.lm_head_bits)  # option errors first
+    elif opts.weights is not None:
+        for flag, value in (("--block-size", opts.block_size),
+                            ("--lm-head-bits", opts.lm_head_bits)):
+            if value is not None:
+                raise ExportError(f"{flag} applies to --weights int8|int4, not "
+                                  f"{opts.weights}", f"drop {flag} or choose --weights int8|int4")
     if opts.kv not in KV:
         raise ExportError(f"--kv {opts.kv} is not available", f"choose one of {', '.join(KV)}")
     if opts.max_seq is not None and opts.max_seq < 8:
         raise ExportError(f"--max-seq {opts.max_seq} is too small", "give at least 8")
+    if opts.quality_budget <= 0:
+        raise ExportError(f"--quality-budget {opts.quality_budget} must be positive",
+                          "give a mean KL in nats, e.g. 0.05")
     graph_form(opts)
     if opts.ffn_skip not in FFN_SKIP:
         raise ExportError(f"--ffn-skip {opts.ffn_skip} is not available",
@@ -99,43 +126,159 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
                                          or not Path(opts.calib_text).is_file()):
         raise ExportError(f"--ffn-skip calibrate needs --calib-text FILE (got "
                           f"{opts.calib_text})", "give a text file in the model's domain")
-    with step(f"loading checkpoint {hf_dir}"):
-        ckpt = load_checkpoint(hf_dir, opts.max_seq, opts.norm_eps)
+    with tempfile.TemporaryDirectory(prefix="rung-export-") as side:
+        with step(f"loading checkpoint {hf_dir}"):
+            ckpt = load_checkpoint(hf_dir, opts.max_seq, opts.norm_eps, workdir=Path(side))
+        return _export(ckpt, Path(out_dir), opts)
+
+
+def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
+    weights = opts.weights or source_weights(ckpt)
+    opts = dataclasses.replace(opts, weights=weights)
+    spec = plan(ckpt, opts)
+    graph_form(opts)  # the source's own precision may rule out the fused graph
     ckpt.model.set_kv_dtype(KV[opts.kv])
     ffn_gate = prepare_gates(ckpt, opts)
-    out_dir = Path(out_dir)
+    tok = Tokenizer.load(ckpt.path, ckpt.tokenizer)
+    calib, held = real_text(ckpt, tok, opts)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until verified
     fused = graph_form(opts) == "fused"
-    with step(f"writing ONNX graph ({'fused' if fused else 'generic'}, {opts.weights} "
+    imp: dict[str, Any] | None = None
+    cache: dict[tuple[str, int, int], Blocks] = {}
+    mixed = None
+    if spec is not None:
+        with step("measuring input channel importance on calibration text"):
+            imp = importance(ckpt.model, calib)
+        if any(spec.layer_bits(p) < 8 for p in _linears(ckpt.model)):
+            with step(f"choosing the weights kept at 8 bits (budget: mean KL "
+                      f"{opts.quality_budget})"):
+                bits, mixed = choose(
+                    ckpt.model, calib, spec.layer_bits,
+                    lambda p: spec.block_of.get(p, spec.block_size), spec.symmetric, imp,
+                    opts.quality_budget * SELECT_MARGIN, spec.lm_head_bits < 8, cache)
+            spec = dataclasses.replace(spec, bits_of={**spec.bits_of, **bits})
+    with step(f"writing ONNX graph ({'fused' if fused else 'generic'}, {weights} "
               f"weights, {opts.kv} KV)"):
-        reference = write_graph(ckpt, out_dir, opts.weights, spec, fused)
+        reference = write_graph(ckpt, out_dir, weights, spec, fused, imp, cache)
     for name in ckpt.tokenizer.files:
         shutil.copyfile(ckpt.path / name, out_dir / name)
-    manifest = dataclasses.replace(
-        _manifest(ckpt, out_dir, opts), ffn_gate=ffn_gate,
-        quantization=None if spec is None else spec.to_manifest())
+    quantization = None if spec is None else {
+        **spec.to_manifest(), "budget_mean_kl": opts.quality_budget,
+        "mixed": None if mixed is None else mixed.to_manifest(),
+        "source": None if ckpt.storage is None else {
+            "format": "gguf", "types": dict(Counter(ckpt.storage.values()))}}
+    manifest = dataclasses.replace(_manifest(ckpt, out_dir, opts), ffn_gate=ffn_gate,
+                                   quantization=quantization)
     if opts.verify:
-        with step("verifying the graph against the PyTorch model"):
-            engine = OnnxEngine(out_dir, manifest)
-            parity = verify(engine, reference, opts.weights)
-        if not parity.passed:
-            raise ExportError(
-                f"verification failed: max relative logit error {parity.max_rel_logit_diff:.2e}"
-                f", greedy agreement {parity.greedy_agreement:.2f}",
-                "the graph does not reproduce the model; report it with the checkpoint config")
-        accuracy = None
-        if opts.kv != "fp32":
-            with step(f"measuring the cost of {opts.kv} KV against fp32 KV"):
-                accuracy = kv_accuracy(ckpt.model)
-        if manifest.quantization is not None:
-            with step(f"measuring the cost of {opts.weights} weights against fp32 weights"):
-                manifest = dataclasses.replace(manifest, quantization={
-                    **manifest.quantization, "accuracy": weight_accuracy(engine, ckpt.model)})
-        manifest = dataclasses.replace(manifest, parity=parity, kv=dataclasses.replace(
-            manifest.kv, accuracy=accuracy))
+        manifest = _verify(ckpt, out_dir, opts, manifest, reference, held, tok)
     manifest.save(out_dir)
     return manifest
+
+
+def _verify(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions, manifest: Manifest,
+            reference: RungForCausalLM, held: Any, tok: Tokenizer) -> Manifest:
+    """The graph against its reference, then the cost of each lossy choice against fp32,
+    both on held-out real text; raises ``ExportError`` when either is out of bounds."""
+    weights = str(opts.weights)
+    with step("verifying the graph against the PyTorch model"):
+        engine = OnnxEngine(out_dir, manifest)
+        stream = text_stream(lambda t: tok.encode(t, add_bos=False), HELD_OUT,
+                             ckpt.config.vocab_size)
+        parity = verify(engine, reference, weights, stream)
+    if not parity.passed:
+        rel = ("" if parity.tolerance_rel is None else
+               f"max relative logit error {parity.max_rel_logit_diff:.2e} (bound "
+               f"{parity.tolerance_rel:.0e}), ")
+        raise ExportError(
+            f"verification failed: {rel}mean KL {parity.mean_kl:.2e} (bound "
+            f"{parity.max_mean_kl:.0e}), greedy agreement {parity.greedy_agreement:.2f} "
+            f"(bound {parity.min_greedy_agreement:.2f})",
+            "the graph does not reproduce the model; report it with the checkpoint config")
+    budget = opts.quality_budget
+    accuracy = None
+    if opts.kv != "fp32":
+        with step(f"measuring the cost of {opts.kv} KV against fp32 KV on real text"):
+            accuracy = kv_accuracy(ckpt.model, held)
+        if accuracy["mean_kl"] > budget:
+            raise ExportError(
+                f"{opts.kv} KV costs mean KL {accuracy['mean_kl']:.3g} against fp32 KV on "
+                f"held-out text (greedy agreement {accuracy['greedy_agreement']:.2f}), over "
+                f"the budget {budget}", "use --kv fp16 or raise --quality-budget")
+    quant = manifest.quantization
+    if quant is not None:
+        with step(f"measuring the cost of {weights} weights against fp32 weights on real "
+                  "text"):
+            cost = weight_accuracy(engine, ckpt.model, held)
+        quant = {**quant, "accuracy": cost}
+        if cost["mean_kl"] > budget:
+            kept = len((quant.get("mixed") or {}).get("promoted", []))
+            raise ExportError(
+                f"{weights} weights cost mean KL {cost['mean_kl']:.3g} against fp32 weights "
+                f"on held-out text (greedy agreement {cost['greedy_agreement']:.2f}; {kept} "
+                f"weight groups kept at 8 bits), over the budget {budget}",
+                "try --block-size 16, --weights int8, or a larger --quality-budget")
+    return dataclasses.replace(manifest, parity=parity, quantization=quant,
+                               kv=dataclasses.replace(manifest.kv, accuracy=accuracy))
+
+
+def source_weights(ckpt: Checkpoint) -> str:
+    """The engine precision a checkpoint's own storage suggests: fp32 for a HF directory
+    and a GGUF with float layers; int4 where a GGUF has any layer matrix under 5 bits, else
+    int8. The LM head (often a quantized tied embedding) follows along."""
+    if ckpt.storage is None:
+        return "fp32"
+    bits = {GGML_TYPES[t].bits for n, t in ckpt.storage.items() if n != "lm_head"} - {None}
+    return "fp32" if not bits else "int4" if 4 in bits else "int8"
+
+
+def plan(ckpt: Checkpoint, opts: ExportOptions) -> QuantSpec | None:
+    """The quantization plan for ``opts.weights``; for a GGUF file exported at its own
+    precision, each matrix at the bits and block its GGML type becomes (the widest in each
+    group the fused graph packs into one node)."""
+    weights = str(opts.weights)
+    if weights not in BITS:
+        return None
+    spec = quant_spec(weights, opts.block_size, opts.lm_head_bits, opts.symmetric)
+    if ckpt.storage is None or opts.weights != source_weights(ckpt) or (
+            opts.lm_head_bits is not None):
+        return spec
+    kinds = {name: GGML_TYPES[t] for name, t in ckpt.storage.items()}
+    bits = {name: k.bits or 8 for name, k in kinds.items()}
+    for i in range(ckpt.config.num_layers):
+        for parts in LAYER_UNITS.values():
+            names = [f"layers.{i}.{p}" for p in parts]
+            widest = max(bits.get(n, spec.bits) for n in names)
+            bits.update(dict.fromkeys(names, widest))
+    head = bits.pop("lm_head", spec.lm_head_bits)
+    blocks = {n: k.block for n, k in kinds.items()
+              if k.bits is not None and k.block != spec.block_size}
+    return dataclasses.replace(spec, lm_head_bits=head,
+                               bits_of={n: b for n, b in bits.items() if b != spec.bits},
+                               block_of=blocks)
+
+
+def real_text(ckpt: Checkpoint, tok: Tokenizer, opts: ExportOptions) -> tuple[Any, Any]:
+    """Calibration and held-out rows [n, L] of real text: ``export/prompts.py``'s two sets;
+    ``--calib-text`` replaces the calibration set."""
+    length = min(TEXT_LENGTH, ckpt.model.max_seq)
+    vocab = ckpt.config.vocab_size
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_bos=False)
+
+    texts = list(CALIBRATION)
+    if opts.calib_text is not None:
+        texts = [Path(opts.calib_text).read_text(encoding="utf-8", errors="replace")]
+    calib = text_rows(text_stream(encode, texts, vocab), length, TEXT_ROWS)
+    held = text_rows(text_stream(encode, HELD_OUT, vocab), length, TEXT_ROWS)
+    return calib, held
+
+
+def _linears(model: RungForCausalLM) -> list[str]:
+    names = [f"layers.{i}.{p}" for i in range(len(model.model.layers))
+             for parts in LAYER_UNITS.values() for p in parts]
+    return [*names, "lm_head"]
 
 
 def graph_form(opts: ExportOptions) -> str:
@@ -179,7 +322,9 @@ def prepare_gates(ckpt: Checkpoint, opts: ExportOptions) -> dict[str, Any] | Non
 
 
 def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
-                spec: QuantSpec | None = None, fused: bool = False) -> RungForCausalLM:
+                spec: QuantSpec | None = None, fused: bool = False,
+                imp: dict[str, Any] | None = None,
+                cache: dict[tuple[str, int, int], Blocks] | None = None) -> RungForCausalLM:
     """Write ``model.onnx`` (+ data) for ``weights``, fused or generic; returns the PyTorch
     model the graph computes, the reference of the parity check: the checkpoint's own, or
     with int8/int4 weights a copy holding the dequantized weights (read before saving moves
@@ -188,7 +333,7 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
              else build_graph(ckpt.model))
     reference = ckpt.model
     if spec is not None:
-        proto = quantize_graph(proto, spec)
+        proto = quantize_graph(proto, spec, imp, cache)
         reference = quantized_model(ckpt.model, proto)
     elif weights == "fp16":
         from onnxruntime.transformers.float16 import (
@@ -231,5 +376,5 @@ def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
         format_version=FORMAT_VERSION, engine_id=engine_id,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rung_version=RUNG_VERSION,
         dims=dims, graph_file=GRAPH_FILE, opset=OPSET, inputs=inputs, outputs=outputs,
-        weights=opts.weights, kv=kv, tokenizer=ckpt.tokenizer, generation=ckpt.generation,
+        weights=str(opts.weights), kv=kv, tokenizer=ckpt.tokenizer, generation=ckpt.generation,
         parity=None, artifacts=artifacts)

@@ -240,6 +240,22 @@ class RungForCausalLM(nn.Module):
         mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(
             ~allowed, float("-inf"))
         x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
+        return self.forward_from(x, 0, cos, sin, mask, gate_positions)
+
+    def forward_from(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
+                     mask: torch.Tensor,
+                     gate_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Layers ``start..`` and the head on the hidden states ``x`` [B, S, H] that enter
+        layer ``start`` (calibration reruns the tail of the model after changing one layer);
+        ``cos``/``sin``/``mask`` as ``forward`` builds them."""
+        for layer in self.model.layers[start:]:
             x = layer(x, cos, sin, mask, gate_positions)
         return self.lm_head(self.model.norm(x)).float()
+
+    def rope_and_mask(self, b: int, s: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """cos, sin [B, S, D] and the additive causal mask [B, 1, S, S] of ``forward``."""
+        pos = torch.arange(s).expand(b, s)
+        allowed = torch.ones(s, s, dtype=torch.bool).tril().expand(b, 1, s, s)
+        mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(
+            ~allowed, float("-inf"))
+        return self.rope_cos[pos], self.rope_sin[pos], mask

@@ -190,7 +190,7 @@ def export_trt(hf_dir: Path, out_dir: Path, opts: ExportOptions,
         CheckpointError, ExportError: as ``export``; TensorRT or the GPU missing (after the
             ONNX engine is written, which the message says), the plan refused or failing.
     """
-    opts = generic_graph(dataclasses.replace(opts, weights=plan_weights(opts.weights)))
+    opts = generic_graph(dataclasses.replace(opts, weights=plan_weights(opts.weights or "fp16")))
     try:
         info = probe(topts.device)
     except ExportError as e:

@@ -1,17 +1,31 @@
 """Export-time verification: the ONNX graph, run by the real engine with its KV cache, against
-the PyTorch model's full causal forward on the same tokens.
+the PyTorch model's full causal forward on the same tokens, and the cost of every lossy
+choice against the fp32 model, both on real text (``export/prompts.py``).
 
-Prompts are seeded random token sequences of different lengths, run as one batch (so the
-check also covers right padding and per-row past lengths), each followed by greedy decode
-steps. Every step's logits are compared with the reference at the same position.
+Prompts are pieces of real sentences of different lengths, run as one batch (so the check
+also covers right padding and per-row past lengths), each followed by greedy decode steps.
+Every step's logits are compared with the reference at the same position.
+
+Two kinds of path, two kinds of bound:
+
+- Exact paths (fp32 weights with an fp32 or fp16 cache; the reference rounds K/V as the
+  cache does): the graph must reproduce the model's logits, max relative error 1e-3.
+- Paths whose kernels round differently from any float reference: fp8 KV (a value on an
+  e4m3 rounding boundary lands one step apart in two implementations), fp16 arithmetic,
+  and int8/int4 weights (the kernels quantize activations to int8, accuracy level 4). A
+  max logit error there says nothing about quality; they are accepted on the mean KL
+  divergence of the next-token distributions and greedy agreement with the reference,
+  bounds set from real checkpoints (``TOLERANCES``).
 
 With int8/int4 weights the reference is the model holding the graph's own (dequantized)
 weights, so a broken graph stays distinguishable from rounding; what quantization costs
-against the fp32 weights is measured apart (``weight_accuracy``), as for the KV cache.
+against the fp32 weights is measured apart (``weight_accuracy``), as for the KV cache
+(``kv_accuracy``), teacher-forced on held-out real text.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,44 +38,47 @@ from rung.export.model import RungForCausalLM
 
 @dataclass(frozen=True)
 class Tolerance:
-    rel_logit: float        # max |onnx - torch| / max(1, max |torch|)
-    greedy_agreement: float  # minimum fraction of steps with the same argmax
+    mean_kl: float            # max mean KL(reference || engine), nats
+    greedy_agreement: float   # minimum fraction of steps with the same argmax
+    rel_logit: float | None = None  # exact paths: max |onnx - torch| / max(1, max |torch|)
 
 
-TOLERANCES = {"fp32": Tolerance(1e-3, 0.95), "fp16": Tolerance(5e-2, 0.75),
-              # int8/int4: the reference holds the same (dequantized) weights, so what is left
-              # is the kernels' int8 activations (accuracy level 4, export/quantize.py). Worst
-              # measured over the four test architectures at block sizes 16-128 and the
-              # trained demo model: rel 0.065, agreement 0.875 (with accuracy level 0 the
-              # graph matches to 1e-6); the Qwen2.5-0.5B-shaped bench model: 0.035, 0.875.
-              "int8": Tolerance(0.1, 0.8), "int4": Tolerance(0.1, 0.8)}
-# The reference rounds K/V exactly as the cache does, but an fp8 code sitting on a rounding
-# boundary can land one step apart in two float implementations: a looser bound for fp8.
-KV_TOLERANCES = {"float8_e4m3fn": Tolerance(1e-2, 0.9)}
-# int8 activations move K/V across fp8 rounding boundaries that the reference, computing
-# in float, does not cross, and each crossing is a whole e4m3 step: worst measured on the
-# test architectures rel 0.16, agreement 0.75 (trained demo model: 0.079, 0.93).
-PAIR_TOLERANCES = {(w, "float8_e4m3fn"): Tolerance(0.25, 0.65) for w in ("int8", "int4")}
-# fp16 arithmetic does the same at a smaller scale: worst measured on the test
-# architectures rel 0.053, agreement 0.98 (fp16 weights alone: 5e-2 allowed).
-PAIR_TOLERANCES["fp16", "float8_e4m3fn"] = Tolerance(0.1, 0.75)
+# Exact: measured 1e-6 relative on every test architecture and on SmolLM2-135M.
+EXACT = Tolerance(mean_kl=1e-4, greedy_agreement=0.95, rel_logit=1e-3)
+# Lossy kernels, against the reference with the same rounding, on real text (64 decode
+# steps). Measured on SmolLM2-135M-Instruct (30 layers) and its first 4 layers: fp8 KV
+# 6e-4 / 1e-3 mean KL, int4 weights (int8 activations) with fp16 KV 3.1e-3 / 1.4e-3. The
+# bounds sit about 3x above: tighter would refuse kernels' own rounding, looser would let a
+# real fault through (on SmolLM2's first 4 layers a final norm off by 10 % measures 7e-3,
+# one layer's attention output off by 10 % 9e-3, fp8 KV itself 1.5e-3;
+# docs/benchmarks.md, "Real checkpoints").
+LOSSY = {
+    "fp8": Tolerance(mean_kl=3e-3, greedy_agreement=0.9),
+    "fp16": Tolerance(mean_kl=3e-3, greedy_agreement=0.9),
+    "int": Tolerance(mean_kl=0.01, greedy_agreement=0.85),
+    "int+fp8": Tolerance(mean_kl=0.015, greedy_agreement=0.8),
+}
 
 
 def tolerance(weights: str, kv_dtype: str) -> Tolerance:
-    if (weights, kv_dtype) in PAIR_TOLERANCES:
-        return PAIR_TOLERANCES[weights, kv_dtype]
-    a, b = TOLERANCES[weights], KV_TOLERANCES.get(kv_dtype, TOLERANCES[weights])
-    return Tolerance(max(a.rel_logit, b.rel_logit), min(a.greedy_agreement,
-                                                        b.greedy_agreement))
+    """The bound the graph must meet for ``weights`` and the cache's ``kv_dtype``."""
+    fp8 = kv_dtype == "float8_e4m3fn"
+    if weights in ("int8", "int4"):
+        return LOSSY["int+fp8" if fp8 else "int"]
+    if fp8:
+        return LOSSY["fp8"]
+    return LOSSY["fp16"] if weights == "fp16" else EXACT
 
 
-def verify(engine: AnyEngine, model: RungForCausalLM, weights: str, prompts: int = 4,
-           steps: int = 12, seed: int = 0) -> Parity:
-    """Run ``prompts`` random prompts + ``steps`` greedy steps; return the parity record."""
-    rng = np.random.default_rng(seed)
-    vocab, max_seq = model.cfg.vocab_size, engine.manifest.dims.max_seq
+def verify(engine: AnyEngine, model: RungForCausalLM, weights: str, text: Sequence[int],
+           prompts: int = 4, steps: int = 16) -> Parity:
+    """Run ``prompts`` prompts cut from ``text`` (token ids of real sentences) + ``steps``
+    greedy steps; return the parity record."""
+    max_seq = engine.manifest.dims.max_seq
     lens = [max(2, min(n, max_seq // 2)) for n in (5, 11, 17, 29)[:prompts]]
-    seqs = [rng.integers(0, vocab, n).tolist() for n in lens]
+    stream = list(text) * (1 + 4 * max(lens) // max(1, len(text)))
+    stride = max(1, (len(stream) - max(lens)) // len(lens))
+    seqs = [stream[b * stride:b * stride + n] for b, n in enumerate(lens)]
     steps = max(1, min(steps, max_seq - max(lens) - 1))
     cache = engine.new_cache(len(seqs))
     tokens = np.zeros((len(seqs), max(lens)), np.int64)
@@ -96,12 +113,13 @@ def verify(engine: AnyEngine, model: RungForCausalLM, weights: str, prompts: int
     tol = tolerance(weights, model.model.layers[0].self_attn.kv_dtype)
     rel, agreement = max_abs / scale, agree / total
     kl = logit_metrics(np.concatenate(refs), np.concatenate(mines))["mean_kl"]
+    passed = kl <= tol.mean_kl and agreement >= tol.greedy_agreement and (
+        tol.rel_logit is None or rel <= tol.rel_logit)
     return Parity(prompts=len(seqs), tokens=total, max_abs_logit_diff=max_abs,
                   max_rel_logit_diff=rel, greedy_agreement=agreement,
-                  tolerance_abs=tol.rel_logit * scale,
-                  passed=rel <= tol.rel_logit and agreement >= tol.greedy_agreement,
+                  tolerance_abs=(tol.rel_logit or 0.0) * scale, passed=passed,
                   tolerance_rel=tol.rel_logit, min_greedy_agreement=tol.greedy_agreement,
-                  mean_kl=kl)
+                  mean_kl=kl, max_mean_kl=tol.mean_kl)
 
 
 def _gated_decode(engine: AnyEngine, model: RungForCausalLM, prompt: list[int],
@@ -146,29 +164,25 @@ def logit_metrics(ref: np.ndarray, got: np.ndarray, block: int = 64) -> dict[str
             "greedy_agreement": float((ref.argmax(-1) == got.argmax(-1)).mean())}
 
 
-def weight_accuracy(engine: AnyEngine, original: RungForCausalLM, prompts: int = 8,
-                    length: int = 64, seed: int = 0) -> dict[str, float]:
+def weight_accuracy(engine: AnyEngine, original: RungForCausalLM,
+                    rows: np.ndarray) -> dict[str, float]:
     """Teacher-forced logits of the engine (quantized weights, and with them the kernels'
-    int8 activations) against the fp32 model with the same KV rounding: what the weight
-    precision costs end to end."""
-    rng = np.random.default_rng(seed)
-    length = min(length, engine.manifest.dims.max_seq)
-    vocab = original.cfg.vocab_size
-    ids = rng.integers(0, vocab, (prompts, length))
-    every = np.tile(np.arange(length, dtype=np.int64), (prompts, 1))
-    got = engine.forward(engine.new_cache(prompts), ids, np.full(prompts, length), every)
+    int8 activations) on ``rows`` [n, L] of real text against the fp32 model with the same
+    KV rounding: what the weight precision costs end to end."""
+    n, length = rows.shape
+    every = np.tile(np.arange(length, dtype=np.int64), (n, 1))
+    got = engine.forward(engine.new_cache(n), rows, np.full(n, length), every)
     with torch.no_grad():
-        ref = original(torch.tensor(ids)).numpy()
+        ref = original(torch.from_numpy(rows)).numpy()
+    vocab = original.cfg.vocab_size
     return logit_metrics(ref.reshape(-1, vocab), got.reshape(-1, vocab))
 
 
-def kv_accuracy(model: RungForCausalLM, prompts: int = 8, length: int = 64,
-                seed: int = 0) -> dict[str, float]:
-    """Teacher-forced logits with the model's KV rounding against an fp32 cache."""
+def kv_accuracy(model: RungForCausalLM, rows: np.ndarray) -> dict[str, float]:
+    """Teacher-forced logits on ``rows`` [n, L] of real text with the model's KV rounding
+    against an fp32 cache."""
     kv = model.model.layers[0].self_attn.kv_dtype
-    rng = np.random.default_rng(seed)
-    length = min(length, model.max_seq)
-    ids = torch.tensor(rng.integers(0, model.cfg.vocab_size, (prompts, length)))
+    ids = torch.from_numpy(rows)
     with torch.no_grad():
         got = model(ids).reshape(-1, model.cfg.vocab_size).numpy()
         model.set_kv_dtype("float32")

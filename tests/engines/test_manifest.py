@@ -127,7 +127,7 @@ def plan_dir(engine_dir: Path) -> Path:
 
 def test_trt_record_round_trip(plan_dir: Path) -> None:
     m = load_manifest(plan_dir)
-    assert m.trt == PLAN and m.format_version == FORMAT_VERSION == 3
+    assert m.trt == PLAN and m.format_version == FORMAT_VERSION >= 3
     assert m.to_json() == load_manifest(plan_dir).to_json()
     m.save(plan_dir)
     assert load_manifest(plan_dir).trt == PLAN

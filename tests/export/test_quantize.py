@@ -40,13 +40,16 @@ AGAINST_DEQUANTIZED = (0.02, 0.8)
 def quantized(checkpoints: dict[str, tuple[Path, Any]],
               tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], Path]:
     """(arch, weights, kv) -> engine dir: every architecture at int8 and int4 with the
-    default fp8 KV, and llama with fp32 KV."""
+    default fp8 KV, and llama with fp32 KV. A budget that keeps every layer at the bits
+    asked for: which weights go to 8 bits is tested on real weights
+    (test_real_checkpoint.py)."""
     out = {}
     for arch, (path, _) in checkpoints.items():
         for weights in ("int8", "int4"):
             for kv in ("fp8", "fp32") if arch == "llama" else ("fp8",):
                 engine_dir = tmp_path_factory.mktemp(f"engine-{arch}-{weights}-{kv}")
-                export(path, engine_dir, ExportOptions(weights=weights, kv=kv, max_seq=128))
+                export(path, engine_dir, ExportOptions(weights=weights, kv=kv, max_seq=128,
+                                                       quality_budget=10.0))
                 out[arch, weights, kv] = engine_dir
     return out
 
@@ -84,14 +87,16 @@ def test_manifest_records_the_quantization_and_parity(
     assert {k: q[k] for k in ("method", "bits", "block_size", "symmetric", "accuracy_level",
                               "lm_head_bits", "embeddings")} == {
         "method": "MatMulNBits", "bits": {"int8": 8, "int4": 4}[weights], "block_size": 32,
-        "symmetric": True, "accuracy_level": 4, "lm_head_bits": 8, "embeddings": "fp32"}
+        "symmetric": False, "accuracy_level": 4, "lm_head_bits": 8, "embeddings": "fp32"}
+    assert q["scheme"] == "asymmetric" and q["layers"] == {} and q["source"] is None
     assert set(q["accuracy"]) == {"max_rel_logit_err", "mean_rel_logit_err", "mean_kl",
                                   "greedy_agreement"}
+    assert q["accuracy"]["mean_kl"] <= q["budget_mean_kl"]
     p = m.parity
-    assert p is not None and p.passed and p.tolerance_rel is not None
-    assert p.max_rel_logit_diff <= p.tolerance_rel
+    # int kernels are not exact: accepted on KL and agreement against the dequantized model
+    assert p is not None and p.passed and p.tolerance_rel is None
+    assert p.max_mean_kl is not None and p.mean_kl is not None and p.mean_kl <= p.max_mean_kl
     assert p.min_greedy_agreement is not None and p.greedy_agreement >= p.min_greedy_agreement
-    assert p.mean_kl is not None
 
 
 @pytest.mark.parametrize("case", _engine_cases(), ids="-".join)
@@ -213,7 +218,8 @@ def test_cli_int4_with_a_4_bit_head(checkpoints: dict[str, tuple[Path, Any]], tm
                                     capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "engine"
     assert main(["export", str(checkpoints["qwen2"][0]), "-o", str(out), "--weights", "int4",
-                 "--lm-head-bits", "4", "--kv", "fp32", "--max-seq", "96"]) == 0
+                 "--lm-head-bits", "4", "--kv", "fp32", "--max-seq", "96",
+                 "--quality-budget", "10"]) == 0
     assert "LM head 4-bit" in capsys.readouterr().out
     bits = {n.input[1].split(".weight_t")[0]: {a.name: a.i for a in n.attribute}["bits"]
             for n in _graph(out).graph.node if n.op_type == "MatMulNBits"}
@@ -227,7 +233,7 @@ def test_cli_int4_block_64_then_generate_json(checkpoints: dict[str, tuple[Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "engine"
     assert main(["export", str(checkpoints["qwen3"][0]), "-o", str(out), "--weights", "int4",
-                 "--block-size", "64", "--max-seq", "96"]) == 0
+                 "--block-size", "64", "--max-seq", "96", "--quality-budget", "10"]) == 0
     printed = capsys.readouterr().out
     assert "int4 weights (block 64, LM head 8-bit) against fp32 weights: mean KL" in printed
     blocks = {a.i for n in _graph(out).graph.node if n.op_type == "MatMulNBits"
@@ -238,7 +244,7 @@ def test_cli_int4_block_64_then_generate_json(checkpoints: dict[str, tuple[Path,
     w = doc["weights"]
     assert w["dtype"] == "int4" and w["quantization"]["block_size"] == 64
     assert w["quantization"]["accuracy"]["mean_kl"] > 0
-    assert w["parity"]["passed"] and w["parity"]["tolerance_rel"] > 0
+    assert w["parity"]["passed"] and w["parity"]["max_mean_kl"] > 0
 
 
 def test_cli_refuses_a_bad_block_size(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path,

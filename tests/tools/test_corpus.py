@@ -9,8 +9,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from rung.daemon.tasks import Task, load_tasks
-from rung.daemon.validate import validate_output
+from rung.daemon.tasks.task import Task, load_tasks
+from rung.daemon.tasks.validate import validate_output
 from rung.tools.corpus import TASKS, describe, generate, main
 from rung.tools.corpus_st import ARCHETYPES
 
