@@ -11,7 +11,6 @@ requests stay pending in the journal), publish every recorded answer, say offlin
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import time
@@ -29,7 +28,7 @@ from rung.daemon.mqtt import requests as rq
 from rung.daemon.mqtt.fleet import Fleet
 from rung.daemon.mqtt.journal import Entry, Incoming, Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
-from rung.daemon.mqtt.topics import topic_problem
+from rung.daemon.mqtt.outbox import Outbox
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
 from rung.daemon.tasks.runner import RetryPolicy, TaskRunner, fast_decoding
@@ -40,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rung.serve")
 VERSION = "0.1.0"
-PUBLISH_ATTEMPTS = 3   # publishes of one answer that end the connection before it is dropped
 USAGE_CORE = ("prompt_tokens", "completion_tokens", "cached_tokens", "ttft_ms")
 # fast decoding: decode steps, draft tokens offered, of them grammar-forced, confirmed
 USAGE_KEYS = (*USAGE_CORE, "steps", "drafted_tokens", "forced_tokens", "accepted_tokens")
@@ -92,10 +90,10 @@ class Service:
                                                      dict(r.per_task)))
         self.link = MQTTLink(cfg.mqtt, self._on_message, self._status, self._on_connect,
                              self.metrics)
+        self.outbox = Outbox(self.journal, self.link, self.metrics)
         self._links: dict[str, dict[str, Any]] = {}   # PLC link states, retained on MQTT
         self._plc_up: dict[str, bool] = {}
         self._spawned: set[asyncio.Task[Any]] = set()
-        self._held: list[tuple[str, bytes, bool]] = []
         self.agents = [self._agent(path) for path in cfg.plcs]
         self.sparkplug = self._sparkplug() if cfg.sparkplug.enabled else None
         ids = [a.plc.id for a in self.agents]
@@ -106,15 +104,8 @@ class Service:
         self._agent_tasks: dict[str, asyncio.Task[None]] = {}   # PLCs a fleet node won
         self.fleet = self._fleet() if cfg.mqtt.shared_group else None
         self.started = time.time()
-        self._outbox_wake = asyncio.Event()
-        self._outbox_idle = asyncio.Event()
         self._stopping = asyncio.Event()
         self._link_task: asyncio.Task[None] | None = None
-        self._direct: set[asyncio.Task[bool]] = set()
-        self._refused: dict[int, int] = {}     # answer seq -> publishes the broker refused
-        # answers done with whose journal row could not be updated yet (a failing disk):
-        # seq -> None (published: delivered) or why it was dead-lettered; never resent
-        self._unmarked: dict[int, str | None] = {}
         self.exit_code = 0
         m = runner.engine.manifest
         self.metrics.set_info(version=VERSION, engine=m.engine_id, kv_dtype=m.kv.dtype)
@@ -129,7 +120,7 @@ class Service:
         async def publish(topic: str, doc: dict[str, Any], retain: bool) -> bool:
             if self.sparkplug is not None and topic.endswith("/event"):
                 self.sparkplug.diagnosis(plc.id, doc)
-            return await self._publish_json(topic, doc, retain)
+            return await self.outbox.publish_json(topic, doc, retain)
 
         return PlcAgent(plc, link, self.scheduler.submit, publish,
                         self.cfg.mqtt.base_topic, m.job_timeout_s, m.reconnect_min_s,
@@ -161,7 +152,7 @@ class Service:
         doc = {"plc": plc_id, "state": state, "detail": detail, "since": _iso(time.time())}
         self._links[plc_id] = doc
         log.info("plc link", extra={"rung_fields": doc})
-        self._spawn(self._publish_json(f"{self.cfg.mqtt.base_topic}/plc/{plc_id}/link", doc,
+        self._spawn(self.outbox.publish_json(f"{self.cfg.mqtt.base_topic}/plc/{plc_id}/link", doc,
                                        True))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
@@ -169,34 +160,14 @@ class Service:
         self._spawned.add(task)
         task.add_done_callback(self._spawned.discard)
 
-    async def _publish_json(self, topic: str, doc: dict[str, Any], retain: bool) -> bool:
-        """Publish now, or keep it (in memory) for the next connection: PLC events and
-        link states are not lost to a broker outage (retained topics keep the newest)."""
-        payload = json.dumps(doc, ensure_ascii=False).encode()
-        if await self.link.publish(topic, payload, retain=retain):
-            return True
-        if retain:
-            self._held = [h for h in self._held if h[0] != topic]
-        self._held.append((topic, payload, retain))
-        del self._held[:-1000]   # a bounded backlog: the oldest events go first
-        log.warning("broker down: %s held for the next connection", topic)
-        return False
-
-    async def _flush_held(self) -> None:
-        held, self._held = self._held, []
-        for i, (topic, payload, retain) in enumerate(held):
-            if not await self.link.publish(topic, payload, retain=retain):
-                self._held = held[i:] + self._held
-                return
-
     def _on_connect(self) -> None:
         """After every (re)connection: answers left over, held PLC events, link states."""
-        self._wake_outbox()
+        self.outbox.wake()
         if self.fleet is not None:
             self.fleet.connected()   # PLC claims settled once the birth comes back
-        self._spawn(self._flush_held())
+        self._spawn(self.outbox.flush_held())
         for plc_id, doc in self._links.items():
-            self._spawn(self._publish_json(f"{self.cfg.mqtt.base_topic}/plc/{plc_id}/link",
+            self._spawn(self.outbox.publish_json(f"{self.cfg.mqtt.base_topic}/plc/{plc_id}/link",
                                            doc, True))
 
     # -- intake --------------------------------------------------------------------------
@@ -227,7 +198,7 @@ class Service:
             self._route(entry)
         except Exception as e:   # a bug in routing answers this request, nothing else
             log.exception("request %d could not be routed", entry.seq)
-            self._publish_answer(entry.seq, rq.reply_address(entry, self.cfg.mqtt.base_topic,
+            self.outbox.answer_error(entry.seq, rq.reply_address(entry, self.cfg.mqtt.base_topic,
                                                              self.cfg.mqtt.client_id, {}),
                                  None, "internal", f"{type(e).__name__}: {e}", entry.received)
         return True
@@ -245,13 +216,7 @@ class Service:
         payload = rq.error_response(reply, task, "unavailable", f"request not accepted: "
                                     f"{err.message}; retry later")
         self.metrics.observe_request(None, "unavailable")
-        self._publish_direct(reply, payload)
-
-    def _publish_direct(self, reply: rq.Address, payload: bytes) -> None:
-        task = asyncio.get_running_loop().create_task(
-            self.link.publish(reply.topic, payload, correlation=reply.correlation))
-        self._direct.add(task)
-        task.add_done_callback(self._direct.discard)
+        self.outbox.direct(reply, payload)
 
     def _started(self, req: rq.Request) -> None:
         """Count the attempt before the model starts (a poison message is recognised)."""
@@ -270,7 +235,7 @@ class Service:
             self._quarantine(entry, req)
             return
         if isinstance(req, rq.Failure):
-            self._publish_answer(req.seq, req.reply, req.task, req.code, req.message,
+            self.outbox.answer_error(req.seq, req.reply, req.task, req.code, req.message,
                                  entry.received)
             self.metrics.observe_request(req.task if req.task in self.runner.tasks else None,
                                          req.code, total_s=time.time() - entry.received)
@@ -295,7 +260,7 @@ class Service:
         task = req.task if isinstance(req, rq.Request) else None
         reply = req.reply or rq.reply_address(entry, self.cfg.mqtt.base_topic,
                                               self.cfg.mqtt.client_id, {})
-        self._publish_answer(entry.seq, reply, task, "internal", why, entry.received,
+        self.outbox.answer_error(entry.seq, reply, task, "internal", why, entry.received,
                              note=why)
         self.metrics.observe_request(task, "internal", total_s=time.time() - entry.received)
 
@@ -311,7 +276,7 @@ class Service:
             payload = rq.ok_response(req.reply, req.task, a.output, a.validation, usage,
                                      {"attempts": a.attempts, **(self._formats(req, a.output)
                                                                  or {})})
-            self._record(req.seq, req.reply, payload)
+            self.outbox.record(req.seq, req.reply, payload)
             log.info("answered", extra={"rung_fields": {
                 "seq": req.seq, "task": req.task, "ok": True, "id": req.reply.id,
                 "session": req.session, **usage}})
@@ -323,7 +288,7 @@ class Service:
             if a.usage:   # it reached the model (truncated, invalid_output, internal)
                 extra["usage"] = usage
                 extra["attempts"] = a.attempts
-            self._publish_answer(req.seq, req.reply, req.task, a.code or "internal",
+            self.outbox.answer_error(req.seq, req.reply, req.task, a.code or "internal",
                                  a.message, req.received, extra, req.session)
 
     def _formats(self, req: rq.Request, output: Any) -> dict[str, Any] | None:
@@ -354,91 +319,6 @@ class Service:
         self.metrics.set_queue(self.scheduler.depth, self.scheduler.inflight)
         if self.runner.prefix is not None:
             self.metrics.set_kv(self.runner.prefix.store.stats())
-
-    def _publish_answer(self, seq: int, reply: rq.Address, task: str | None, code: str,
-                        message: str, received: float, extra: dict[str, Any] | None = None,
-                        session: str | None = None, note: str | None = None) -> None:
-        self._record(seq, reply, rq.error_response(reply, task, code, message, extra), note)
-        log.info("answered", extra={"rung_fields": {
-            "seq": seq, "task": task, "ok": False, "code": code, "error": message,
-            "id": reply.id, "session": session,
-            "ms": round((time.time() - received) * 1000, 1)}})
-
-    def _record(self, seq: int, reply: rq.Address, payload: bytes,
-                note: str | None = None) -> None:
-        try:
-            self.journal.answer(seq, reply.topic, payload, note)
-        except JournalError:
-            # the answer still goes out, straight from memory; the row stays pending, so
-            # a restart answers the request again (at least once beats never)
-            self.metrics.set_storage(False)
-            self._publish_direct(reply, payload)
-            return
-        self._wake_outbox()
-
-    def _wake_outbox(self) -> None:
-        self._outbox_idle.clear()
-        self._outbox_wake.set()
-
-    async def _outbox(self) -> None:
-        """Publish recorded answers in order; after a reconnect, what is left over."""
-        while True:
-            await self._outbox_wake.wait()
-            self._outbox_wake.clear()
-            self._mark_delivered()
-            for e in self.journal.undelivered():
-                if e.reply_topic is None or e.response is None or e.seq in self._unmarked:
-                    continue
-                why = topic_problem(e.reply_topic)
-                if why is not None:    # recorded by an older version: the broker refuses it
-                    self._dead_letter(e.seq, e.reply_topic, f"reply topic {why}")
-                    continue
-                was_connected = self.link.connected
-                if await self.link.publish(e.reply_topic, e.response,
-                                           correlation=e.correlation):
-                    self._refused.pop(e.seq, None)
-                    self._unmarked[e.seq] = None
-                    self._mark_delivered()
-                    continue
-                if was_connected and self._refuse(e.seq, e.reply_topic):
-                    continue   # dead-lettered: the rest flow
-                break   # disconnected: the next connection wakes us
-            else:
-                if not self._outbox_wake.is_set() and not self._unmarked:
-                    self._outbox_idle.set()
-            self.metrics.set_journal_pending(len(self.journal.pending()))
-
-    def _mark_delivered(self) -> None:
-        """Record deliveries (kept in memory while the journal cannot write, so a published
-        answer is not published again meanwhile)."""
-        for seq, dead in sorted(self._unmarked.items()):
-            try:
-                if dead is None:
-                    self.journal.delivered(seq)
-                else:
-                    self.journal.dead(seq, dead)
-            except JournalError:
-                self.metrics.set_storage(False)
-                return
-            del self._unmarked[seq]
-
-    def _refuse(self, seq: int, topic: str) -> bool:
-        """Count a publish that failed while connected (the broker may have dropped the
-        connection because of it); True once it is dead-lettered."""
-        n = self._refused[seq] = self._refused.get(seq, 0) + 1
-        if n < PUBLISH_ATTEMPTS:
-            return False
-        self._dead_letter(seq, topic, f"the broker refused it {n} times (the connection "
-                          "ended or the publish timed out on each)")
-        return True
-
-    def _dead_letter(self, seq: int, topic: str, why: str) -> None:
-        self._refused.pop(seq, None)
-        log.error("answer dead-lettered", extra={"rung_fields": {
-            "seq": seq, "reply_topic": topic, "why": why}})
-        self.metrics.dead_letters.inc()
-        self._unmarked[seq] = why
-        self._mark_delivered()
 
     # -- fleet (mqtt.shared_group: docs/mqtt.md, "Fleet") --------------------------------
 
@@ -486,7 +366,7 @@ class Service:
     def _expire(self, e: Entry) -> None:
         reply = rq.reply_address(e, self.cfg.mqtt.base_topic, self.cfg.mqtt.client_id,
                                  rq.peek(e.payload, self.cfg.mqtt.max_payload_bytes))
-        self._publish_answer(e.seq, reply, e.topic.rpartition("/")[2] or None, "expired",
+        self.outbox.answer_error(e.seq, reply, e.topic.rpartition("/")[2] or None, "expired",
                              "deadline passed before the request was started (message "
                              "expiry or queue.request_timeout_s)", e.received)
 
@@ -508,7 +388,7 @@ class Service:
                 self._route(e, recovered=True)
             except Exception as err:   # answered, so it is not recovered again and again
                 log.exception("recovered request %d could not be routed", e.seq)
-                self._publish_answer(e.seq, rq.reply_address(
+                self.outbox.answer_error(e.seq, rq.reply_address(
                     e, self.cfg.mqtt.base_topic, self.cfg.mqtt.client_id, {}), None,
                     "internal", f"{type(err).__name__}: {err}", e.received)
         if pending:
@@ -535,7 +415,7 @@ class Service:
         self._link_task = loop.create_task(self.link.run(), name="mqtt")
         engine_loop = self.scheduler.start()
         engine_loop.add_done_callback(self._scheduler_ended)
-        tasks = [engine_loop, loop.create_task(self._outbox(), name="outbox"),
+        tasks = [engine_loop, loop.create_task(self.outbox.run(), name="outbox"),
                  self._link_task]
         if self.fleet is None:
             tasks += [loop.create_task(a.run(), name=f"plc-{a.plc.id}") for a in self.agents]
@@ -545,7 +425,7 @@ class Service:
                if self.sparkplug is not None else None)
         if self.cfg.metrics.port:
             self.metrics.serve(self.cfg.metrics.port, self.cfg.metrics.host)
-        self._wake_outbox()
+        self.outbox.wake()
         self.notifier.status("connecting to the broker")
         while not self.link.connected and not self._stopping.is_set():
             await asyncio.sleep(0.05)
@@ -618,12 +498,8 @@ class Service:
         left = await (stopped or self.scheduler.stop(grace_s))
         if left_group:
             left = max(0, left - await self._hand_over())
-        if self.link.connected:
-            self._wake_outbox()
-            try:
-                await asyncio.wait_for(self._outbox_idle.wait(), 5)
-            except TimeoutError:
-                log.warning("answers still unpublished at shutdown: sent after the restart")
+        if self.link.connected and not await self.outbox.drain(5):
+            log.warning("answers still unpublished at shutdown: sent after the restart")
         if self.sparkplug is not None:   # NDEATH, then DISCONNECT
             self.sparkplug.stop()
         self.link.stop()
