@@ -127,11 +127,11 @@ class BatchDecoder:
         tokens = np.zeros((len(self.seqs), int(n_new.max())), np.int64)   # [B, S]
         for b, chunk in enumerate(chunks):
             tokens[b, :len(chunk)] = chunk
-        # [B, K]: a prefilling row scores its last position, a drafting row every one
+        # [B, K]: a row's first scored position, then the next ones up to its last fed
+        # token (a prefilling row scores only its last, a drafting row every one)
         k = max(scored)
-        index = np.array([list(range(n)) + [n - 1] * (k - n) if n == len(c) else
-                          [max(len(c) - 1, 0)] * k for c, n in zip(chunks, scored,
-                                                                   strict=True)], np.int64)
+        first = np.maximum(n_new - np.array(scored), 0)
+        index = np.minimum(first[:, None] + np.arange(k), np.maximum(n_new - 1, 0)[:, None])
         # FFN gates act on one token of one sequence: not on prefill, not on drafts
         one_each = all(s is None or (s.fed >= len(s.prompt) and not s.row.drafts)
                        for s in self.seqs)

@@ -72,10 +72,6 @@ def _valid_topic(topic: Any) -> bool:
     return isinstance(topic, str) and topic_problem(topic) is None
 
 
-def _valid_text(value: Any) -> bool:
-    return isinstance(value, str) and text_problem(value) is None
-
-
 def peek(payload: bytes, limit: int | None = None) -> dict[str, Any]:
     """The payload as a JSON object, or {} (too large, not JSON, not an object)."""
     if limit is not None and len(payload) > limit:
@@ -99,7 +95,8 @@ def reply_address(entry: Entry, base: str, client_id: str, doc: Mapping[str, Any
     """The best reply address for a message (falls back to the default reply topic when
     the named one is unusable: an error must still reach someone)."""
     pid = doc.get("id")
-    rid = pid if isinstance(pid, str) and _valid_text(pid) and len(pid) <= _MAX_ID else None
+    rid = (pid if isinstance(pid, str) and text_problem(pid) is None and len(pid) <= _MAX_ID
+           else None)
     if rid is None and entry.correlation is not None:
         rid = entry.correlation.decode("utf-8", "replace")[:_MAX_ID]
     if entry.response_topic and _valid_topic(entry.response_topic):

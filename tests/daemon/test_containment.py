@@ -51,14 +51,6 @@ def _no_logging_errors(d: Daemon) -> None:
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "broker")
-    b.start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[list[Daemon]]:
     """Daemons a test starts; all stopped at the end."""
     started: list[Daemon] = []

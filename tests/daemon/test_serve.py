@@ -43,14 +43,6 @@ DIAG_INPUT = {"asset": "Closed cooling loop 10 with dry cooler",
 SHORT = {"input": ST_INPUT, "max_tokens": 3}   # answered quickly: "truncated"
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "broker")
-    b.start()
-    yield b
-    b.stop()
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory,
            edge_engine: Path) -> Iterator[tuple[Broker, Daemon]]:

@@ -37,14 +37,6 @@ WRITES = (5, 6, 15, 16)
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "broker")
-    b.start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture
 def nodes(tmp_path: Path, broker: Broker, edge_engine: Path) -> Iterator[Callable[..., Daemon]]:
     """``nodes(name, **sections)`` -> a fleet node's Daemon (not started); all stopped at
     the end."""

@@ -48,14 +48,6 @@ def topic(kind: str, device: str | None = None) -> str:
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[LocalBroker]:
-    b = LocalBroker(tmp_path / "broker")
-    b.start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture
 def host(broker: LocalBroker) -> Iterator[Host]:
     h = Host(broker.port)
     yield h
