@@ -2,9 +2,10 @@
 received, every answer recorded before it is published, every duplicate recognised.
 
 One SQLite file in ``state_dir`` (WAL, ``synchronous=FULL``, and a checkpoint after every
-write: a row is in the database file itself, not only in the WAL, once ``record`` returns,
-so a WAL cut short after a crash cannot take an acknowledged request with it; a WAL that
-ends in a damaged tail is reported at open, see ``wal.py``). A row's life::
+write but the delivery marks: a row is in the database file itself, not only in the WAL,
+once ``record`` returns, so a WAL cut short after a crash cannot take an acknowledged
+request with it; a WAL that ends in a damaged tail is reported at open, see ``wal.py``).
+A row's life::
 
     record() -> pending --answer()--> answered --delivered()--> delivered
                   |  ^ started(): attempts+1   ^ a restart republishes rows left here
@@ -182,12 +183,14 @@ class Journal:
     def close(self) -> None:
         self.db.close()
 
-    def _write(self, sql: str, args: tuple[object, ...]) -> sqlite3.Cursor:
+    def _write(self, sql: str, args: tuple[object, ...],
+               checkpoint: bool = True) -> sqlite3.Cursor:
         """Run one statement (its own transaction); a change is checkpointed into the
-        database file before this returns."""
+        database file before this returns (``checkpoint``: a change whose loss costs only
+        a documented repeat, like a delivery mark, is left to the next write's)."""
         try:
             cur = self.db.execute(sql, args)
-            if cur.rowcount > 0:
+            if cur.rowcount > 0 and checkpoint:
                 self._checkpoint()
         except sqlite3.Error as e:
             if self.healthy:
@@ -262,10 +265,12 @@ class Journal:
                     "WHERE seq = ? AND state = 'pending'", (time.time(), note, seq))
 
     def delivered(self, seq: int) -> None:
-        """The broker acknowledged the answer; anonymous rows give up their key."""
+        """The broker acknowledged the answer; anonymous rows give up their key. Marked as
+        soon as possible after the PUBACK (a kill in between publishes the answer once
+        more after the restart): durable in the WAL, checkpointed with the next write."""
         self._write("UPDATE entries SET state = 'delivered', updated = ?, "
                     "key = CASE WHEN key LIKE 'anon:%' THEN NULL ELSE key END "
-                    "WHERE seq = ?", (time.time(), seq))
+                    "WHERE seq = ?", (time.time(), seq), checkpoint=False)
 
     def _entries(self, state: str) -> list[Entry]:
         rows = self.db.execute(
