@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import torch
-from onnx import helper
+from onnx import TensorProto, helper
 
 from rung.engines.manifest import TensorSpec
 from rung.export.model import RungForCausalLM, rope_table
@@ -118,6 +118,12 @@ def attention(g: Builder, model: RungForCausalLM, i: int, h: str, dot: bool) -> 
         qkv_inputs = [q, k, v]
     else:
         qkv_inputs = [qkv, "", ""]
+    # the kernel runs in the cache's dtype: with fp16 KV its inputs are cast to fp16 (a few
+    # hundred values a token) rather than the cache to fp32 (ONNX Runtime would insert
+    # casts of the whole buffer, both ways, every step: cost following the capacity)
+    half = layer.kv_dtype == "float16"
+    if half:
+        qkv_inputs = [g.op("Cast", x, to=TensorProto.FLOAT16) if x else x for x in qkv_inputs]
     out = g.fresh("attn")
     g.nodes.append(helper.make_node(
         "GroupQueryAttention",
@@ -126,6 +132,8 @@ def attention(g: Builder, model: RungForCausalLM, i: int, h: str, dot: bool) -> 
         [out, f"present_key_{i}", f"present_value_{i}"], name=g.fresh("n_GQA"), domain=MS,
         num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=1,
         rotary_interleaved=0))
+    if half:
+        out = g.op("Cast", out, to=TensorProto.FLOAT)
     return linear(g, out, layer.o_proj, f"{pre}.o_proj", dot)
 
 
@@ -149,8 +157,9 @@ def build_fused_graph(model: RungForCausalLM, dot: bool = True) -> onnx.ModelPro
     g = Builder()
     cos_t, sin_t = rope_table(c, model.max_seq)
     half = c.head_dim // 2
-    g.init("rope_cos", _np(cos_t)[:, :half])
-    g.init("rope_sin", _np(sin_t)[:, :half])
+    table = np.float16 if kv == "float16" else np.float32    # the kernel's dtype
+    g.init("rope_cos", _np(cos_t)[:, :half].astype(table))
+    g.init("rope_sin", _np(sin_t)[:, :half].astype(table))
     single = (g.op("And", "ffn_allow_skip",
                    g.op("Equal", g.op("Size", "input_ids"), g.const(1, np.int64)))
               if model.has_ffn_gates else None)

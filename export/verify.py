@@ -8,11 +8,13 @@ Every step's logits are compared with the reference at the same position.
 
 Two kinds of path, two kinds of bound:
 
-- Exact paths (fp32 weights with an fp32 or fp16 cache; the reference rounds K/V as the
-  cache does): the graph must reproduce the model's logits, max relative error 1e-3.
+- Exact paths (fp32 weights with an fp32 cache): the graph must reproduce the model's
+  logits, max relative error 1e-3.
 - Paths whose kernels round differently from any float reference: fp8 KV (a value on an
-  e4m3 rounding boundary lands one step apart in two implementations), fp16 arithmetic,
-  and int8/int4 weights (the kernels quantize activations to int8, accuracy level 4). A
+  e4m3 rounding boundary lands one step apart in two implementations), fp16 arithmetic
+  (fp16 weights; an fp16 cache, whose fused attention kernel runs in fp16 so that it
+  appends in place instead of converting the whole buffer every step), and int8/int4
+  weights (the kernels quantize activations to int8, accuracy level 4). A
   max logit error there says nothing about quality; they are accepted on the mean KL
   divergence of the next-token distributions and greedy agreement with the reference,
   bounds set from real checkpoints (``TOLERANCES``).
@@ -67,7 +69,7 @@ def tolerance(weights: str, kv_dtype: str) -> Tolerance:
         return LOSSY["int+fp8" if fp8 else "int"]
     if fp8:
         return LOSSY["fp8"]
-    return LOSSY["fp16"] if weights == "fp16" else EXACT
+    return LOSSY["fp16"] if weights == "fp16" or kv_dtype == "float16" else EXACT
 
 
 def verify(engine: AnyEngine, model: RungForCausalLM, weights: str, text: Sequence[int],

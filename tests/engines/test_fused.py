@@ -170,3 +170,29 @@ def test_auto_is_generic_for_fp8_kv(checkpoints: dict[str, tuple[Path, Any]],
     m = export(checkpoints["llama"][0], tmp_path, ExportOptions(kv="fp8", max_seq=64))
     assert m.kv.layout == "position_major_SBHD"
     assert "past_lengths" in [t.name for t in m.inputs]
+
+
+def test_fp16_cache_is_used_in_place(checkpoints: dict[str, tuple[Path, Any]],
+                                     tmp_path: Path) -> None:
+    """With an fp16 cache the kernel runs in fp16: ONNX Runtime inserts no casts of the
+    whole buffers (which made every step's cost follow the capacity, not the context), and
+    the step appends into the bound buffers themselves."""
+    import onnxruntime as ort
+
+    out = tmp_path / "engine"
+    m = export(checkpoints["llama"][0], out, ExportOptions(kv="fp16", max_seq=64))
+    assert m.kv.layout == "head_major_BHSD" and m.parity is not None and m.parity.passed
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out / m.graph_file), so, providers=["CPUExecutionProvider"])
+    graph = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph
+    readers = {n.op_type for n in graph.node for x in n.input if x.startswith("past_")}
+    writers = {n.op_type for n in graph.node for x in n.output if x.startswith("present_")}
+    assert readers == writers == {"GroupQueryAttention"}
+    engine = load_engine(out)
+    cache = engine.new_cache(2, 64)
+    before = dict(cache.buffers)
+    _run(engine, cache, [[4, 2], [1, 1]])
+    for name, buf in cache.buffers.items():
+        assert buf is before[name] and buf.dtype == np.float16
+        assert np.abs(buf[0, :, :5]).sum() > 0 and not buf[0, :, 5:].any()
