@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from rung.engines.errors import EngineError
-from rung.engines.manifest import Manifest, load_manifest
+from rung.engines.manifest import Manifest, check_artifacts, load_manifest
 
 
 class KVBuffers(Protocol):
@@ -75,14 +76,25 @@ BACKENDS: dict[str, str] = {
 
 
 def load_engine(engine_dir: Path, backend: str = "onnx", options: Any = None) -> AnyEngine:
-    """Read the manifest (checking artifact hashes) and construct the named backend."""
+    """Read the manifest and construct the named backend. The artifacts' digests are
+    checked while the backend loads (the hash runs on its own threads, the GIL released;
+    both read the same pages): a corrupt or modified file raises ``ManifestError`` and the
+    engine built from it is dropped unused."""
     if backend not in BACKENDS:
         raise EngineError(f"unknown engine backend {backend!r}",
                           f"choose one of {', '.join(BACKENDS)}")
-    manifest = load_manifest(Path(engine_dir))
+    engine_dir = Path(engine_dir)
+    manifest = load_manifest(engine_dir, verify_artifacts=False)
     module, _, factory = BACKENDS[backend].partition(":")
-    cls = getattr(importlib.import_module(module), factory)
-    engine: AnyEngine = cls(Path(engine_dir), manifest, options)
+    with ThreadPoolExecutor(1, thread_name_prefix="rung-verify") as pool:
+        checked = pool.submit(check_artifacts, engine_dir, manifest)
+        try:
+            cls = getattr(importlib.import_module(module), factory)
+            engine: AnyEngine = cls(engine_dir, manifest, options)
+        except Exception:
+            checked.result()   # a corrupt file is the cause to report, where it is one
+            raise
+        checked.result()
     return engine
 
 

@@ -32,6 +32,7 @@ from rung.engines.manifest import (
     Manifest,
     TensorSpec,
     TrtPlan,
+    blake3_file,
     load_manifest,
     sha256_file,
 )
@@ -226,7 +227,9 @@ def build_plan(engine_dir: Path, manifest: Manifest, topts: TrtBuildOptions, inf
         max_batch=topts.max_batch, prefill_chunk=chunk, profiles=shapes)
     manifest = dataclasses.replace(
         manifest, format_version=FORMAT_VERSION, trt=record,
-        artifacts={**manifest.artifacts, PLAN_FILE: sha256_file(engine_dir / PLAN_FILE)})
+        artifacts={**manifest.artifacts, PLAN_FILE: sha256_file(engine_dir / PLAN_FILE)},
+        blake3={**manifest.blake3, PLAN_FILE: blake3_file(engine_dir / PLAN_FILE)}
+        if manifest.blake3 else {})
     manifest.save(engine_dir)
     with step("checking the plan against ONNX Runtime on the CPU"):
         parity = measure_parity(engine_dir)

@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from rung.engines.errors import ManifestError
-from rung.engines.manifest import FORMAT_VERSION, TrtPlan, load_manifest, sha256_file
+from rung.engines import load_engine
+from rung.engines.manifest import (
+    FORMAT_VERSION,
+    TrtPlan,
+    blake3_file,
+    load_manifest,
+    sha256_file,
+)
 
 
 @pytest.fixture
@@ -67,12 +74,42 @@ def test_unknown_key_is_named(engine_dir: Path) -> None:
         load_manifest(engine_dir)
 
 
+def _flip(path: Path, at: int = 100) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
 def test_corrupt_artifact_detected(engine_dir: Path) -> None:
-    data = engine_dir / "model.onnx.data"
-    raw = bytearray(data.read_bytes())
-    raw[100] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    m = load_manifest(engine_dir)
+    assert sorted(m.blake3) == sorted(m.artifacts)
+    assert m.blake3["model.onnx.data"] == blake3_file(engine_dir / "model.onnx.data")
+    _flip(engine_dir / "model.onnx.data")
+    with pytest.raises(ManifestError, match="BLAKE3 differs"):
+        load_manifest(engine_dir)
+
+
+@pytest.mark.parametrize("name", ["model.onnx.data", "model.onnx", "tokenizer.json"])
+def test_load_engine_refuses_a_corrupt_file(engine_dir: Path, name: str) -> None:
+    """The check runs beside the session's creation; a flipped byte anywhere (weights the
+    session loads fine, a graph it cannot parse, the tokenizer it never reads) is reported
+    as corruption and no engine is returned."""
+    _flip(engine_dir / name, at=(engine_dir / name).stat().st_size // 2)
+    with pytest.raises(ManifestError, match=f"{name}: BLAKE3 differs"):
+        load_engine(engine_dir)
+
+
+def test_format_4_is_checked_by_sha256(engine_dir: Path) -> None:
+    _edit(engine_dir, lambda d: (d.update(format_version=4), d.pop("blake3")))
+    assert load_manifest(engine_dir).blake3 == {}
+    _flip(engine_dir / "model.onnx.data")
     with pytest.raises(ManifestError, match="sha256 differs"):
+        load_manifest(engine_dir)
+
+
+def test_blake3_must_cover_the_artifacts(engine_dir: Path) -> None:
+    _edit(engine_dir, lambda d: d["blake3"].pop("tokenizer.json"))
+    with pytest.raises(ManifestError, match="blake3 lists other files than artifacts"):
         load_manifest(engine_dir)
 
 
@@ -119,6 +156,7 @@ def plan_dir(engine_dir: Path) -> Path:
 
     def add(d: dict[str, Any]) -> None:
         d["artifacts"]["model.plan"] = sha256_file(engine_dir / "model.plan")
+        d["blake3"]["model.plan"] = blake3_file(engine_dir / "model.plan")
         d["trt"] = dataclasses.asdict(PLAN)
 
     _edit(engine_dir, add)
@@ -135,7 +173,7 @@ def test_trt_record_round_trip(plan_dir: Path) -> None:
 
 def test_tampered_plan_detected(plan_dir: Path) -> None:
     (plan_dir / "model.plan").write_bytes(b"serialized TensorRT engine stand-In")
-    with pytest.raises(ManifestError, match="model.plan: sha256 differs"):
+    with pytest.raises(ManifestError, match="model.plan: BLAKE3 differs"):
         load_manifest(plan_dir)
 
 
