@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rung.daemon.mqtt.requests import Request
+from rung.daemon.request import Request
 from rung.daemon.tasks.runner import Prepared, RetryPolicy, TaskResult, TaskRunner
 from rung.engines.errors import RungError
 from rung.engines.grammar import Constraint

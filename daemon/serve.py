@@ -15,33 +15,27 @@ import logging
 import signal
 import time
 from collections.abc import Coroutine
-from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rung.daemon.config import Config, ConfigError
 from rung.daemon.metrics import Metrics
 from rung.daemon.modbus.agent import PlcAgent
 from rung.daemon.modbus.link import Link
-from rung.daemon.modbus.regmap import load_map
-from rung.daemon.mqtt import requests as rq
+from rung.daemon.modbus.regmap import PlcMap, load_map
 from rung.daemon.mqtt.fleet import Fleet
-from rung.daemon.mqtt.journal import Entry, Incoming, Journal, JournalError
+from rung.daemon.mqtt.intake import MqttIntake
+from rung.daemon.mqtt.journal import Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.outbox import Outbox
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
 from rung.daemon.tasks.runner import RetryPolicy, TaskRunner, fast_decoding
-from rung.engines.errors import RungError
 
 if TYPE_CHECKING:
     from rung.daemon.plant.sparkplug_link import SparkplugLink
 
 log = logging.getLogger("rung.serve")
 VERSION = "0.1.0"
-USAGE_CORE = ("prompt_tokens", "completion_tokens", "cached_tokens", "ttft_ms")
-# fast decoding: decode steps, draft tokens offered, of them grammar-forced, confirmed
-USAGE_KEYS = (*USAGE_CORE, "steps", "drafted_tokens", "forced_tokens", "accepted_tokens")
 
 
 def build_runner(cfg: Config) -> TaskRunner:
@@ -66,7 +60,9 @@ def build_runner(cfg: Config) -> TaskRunner:
 
 
 class Service:
-    """The running daemon: owns the journal, the scheduler and the MQTT link."""
+    """The running daemon: builds the parts (journal, scheduler, MQTT link and intake,
+    outbox, PLC agents, fleet, Sparkplug), starts and stops them in order, and tells systemd
+    how they are. Requests and answers flow between the parts, not through here."""
 
     def __init__(self, cfg: Config, runner: TaskRunner, metrics: Metrics | None = None,
                  notifier: Notifier | None = None) -> None:
@@ -82,52 +78,52 @@ class Service:
         if unknown:
             raise ConfigError(f"retries.per_task.{unknown[0]}: no task named {unknown[0]!r}",
                               f"tasks: {', '.join(sorted(runner.tasks))}")
+        # the intake (built below, it needs both) counts the scheduler's starts and takes
+        # the link's request messages
         self.scheduler = Scheduler(runner, self._observe, cfg.queue.max_pending,
                                    cfg.engine.max_batch,
                                    stuck_after_s=max(120.0, 2 * cfg.queue.request_timeout_s),
-                                   on_start=self._started,
+                                   on_start=lambda req: self.intake.started(req),
                                    retry=RetryPolicy(r.attempts, r.budget_s, r.temperature,
                                                      dict(r.per_task)))
-        self.link = MQTTLink(cfg.mqtt, self._on_message, self._status, self._on_connect,
-                             self.metrics)
+        self.link = MQTTLink(cfg.mqtt, lambda msg: self.intake.on_message(msg), self._status,
+                             self._on_connect, self.metrics)
         self.outbox = Outbox(self.journal, self.link, self.metrics)
-        self._links: dict[str, dict[str, Any]] = {}   # PLC link states, retained on MQTT
-        self._plc_up: dict[str, bool] = {}
-        self._spawned: set[asyncio.Task[Any]] = set()
-        self.agents = [self._agent(path) for path in cfg.plcs]
-        self.sparkplug = self._sparkplug() if cfg.sparkplug.enabled else None
-        ids = [a.plc.id for a in self.agents]
-        dup = next((i for i in ids if ids.count(i) > 1), None)
-        if dup is not None:
-            raise ConfigError(f"plcs: two register maps use the id {dup!r}",
-                              "give every PLC its own id (it names its MQTT topics)")
+        self.intake = MqttIntake(cfg, runner.tasks, self.journal, self.scheduler, self.outbox,
+                                 self.metrics)
+        plcs = self._plcs()
+        self.sparkplug = self._sparkplug(plcs) if cfg.sparkplug.enabled else None
+        self.agents = [self._agent(plc) for plc in plcs]
         self._agent_tasks: dict[str, asyncio.Task[None]] = {}   # PLCs a fleet node won
+        self._spawned: set[asyncio.Task[Any]] = set()
         self.fleet = self._fleet() if cfg.mqtt.shared_group else None
         self.started = time.time()
         self._stopping = asyncio.Event()
         self._link_task: asyncio.Task[None] | None = None
+        self._sparkplug_task: asyncio.Task[None] | None = None
         self.exit_code = 0
         m = runner.engine.manifest
         self.metrics.set_info(version=VERSION, engine=m.engine_id, kv_dtype=m.kv.dtype)
 
     # -- PLCs ----------------------------------------------------------------------------
 
-    def _agent(self, path: Path) -> PlcAgent:
-        plc = load_map(path)
-        link = Link(plc, on_state=lambda state, detail: self._link_state(plc.id, state, detail))
+    def _plcs(self) -> list[PlcMap]:
+        plcs = [load_map(path) for path in self.cfg.plcs]
+        ids = [p.id for p in plcs]
+        dup = next((i for i in ids if ids.count(i) > 1), None)
+        if dup is not None:
+            raise ConfigError(f"plcs: two register maps use the id {dup!r}",
+                              "give every PLC its own id (it names its MQTT topics)")
+        return plcs
+
+    def _agent(self, plc: PlcMap) -> PlcAgent:
         m = self.cfg.modbus
-
-        async def publish(topic: str, doc: dict[str, Any], retain: bool) -> bool:
-            if self.sparkplug is not None and topic.endswith("/event"):
-                self.sparkplug.diagnosis(plc.id, doc)
-            return await self.outbox.publish_json(topic, doc, retain)
-
-        return PlcAgent(plc, link, self.scheduler.submit, publish,
+        return PlcAgent(plc, Link(plc), self.scheduler.submit, self.outbox.publish_json,
                         self.cfg.mqtt.base_topic, m.job_timeout_s, m.reconnect_min_s,
                         m.reconnect_max_s, metrics=self.metrics,
-                        state_dir=self.cfg.state_dir / "plc")
+                        state_dir=self.cfg.state_dir / "plc", plant=self.sparkplug)
 
-    def _sparkplug(self) -> SparkplugLink:
+    def _sparkplug(self, plcs: list[PlcMap]) -> SparkplugLink:
         """The Sparkplug B edge node: each PLC a device (its own MQTT client)."""
         from rung.daemon.plant.sparkplug import EdgeNode
         from rung.daemon.plant.sparkplug_link import SparkplugLink
@@ -135,25 +131,12 @@ class Service:
 
         s, m = self.cfg.sparkplug, self.runner.engine.manifest
         node = EdgeNode(s.group_id or "", s.edge_node_id or self.cfg.mqtt.client_id,
-                        [Device.from_map(a.plc) for a in self.agents],
+                        [Device.from_map(plc) for plc in plcs],
                         node_info={"Version": VERSION, "Engine": m.engine_id},
                         primary_host_id=s.primary_host_id,
                         bd_seq_path=self.cfg.state_dir / "sparkplug-bdseq")
         return SparkplugLink(node, self.cfg.mqtt,
                              s.client_id or f"{self.cfg.mqtt.client_id}-spb")
-
-    def _link_state(self, plc_id: str, state: str, detail: str | None) -> None:
-        if self.fleet is not None and plc_id in self.fleet.refused:
-            return   # another node drives it now: its link state is that node's to say
-        up = state in ("connected", "degraded")   # the PLC answers
-        if self.sparkplug is not None and self._plc_up.get(plc_id) != up:
-            self.sparkplug.plc_link(plc_id, up=up)   # DBIRTH / DDEATH on a change only
-        self._plc_up[plc_id] = up
-        doc = {"plc": plc_id, "state": state, "detail": detail, "since": _iso(time.time())}
-        self._links[plc_id] = doc
-        log.info("plc link", extra={"rung_fields": doc})
-        self._spawn(self.outbox.publish_json(f"{self.cfg.mqtt.base_topic}/plc/{plc_id}/link", doc,
-                                       True))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -166,144 +149,11 @@ class Service:
         if self.fleet is not None:
             self.fleet.connected()   # PLC claims settled once the birth comes back
         self._spawn(self.outbox.flush_held())
-        for plc_id, doc in self._links.items():
-            self._spawn(self.outbox.publish_json(f"{self.cfg.mqtt.base_topic}/plc/{plc_id}/link",
-                                           doc, True))
-
-    # -- intake --------------------------------------------------------------------------
-
-    def _on_message(self, msg: Incoming) -> bool:
-        """Record, then route; True once the message is durable (the link acknowledges)."""
-        if msg.retained:
-            # a retained request replayed at subscribe time (MQTT 3.1.1; v5 subscribes with
-            # Retain Handling 2 and never gets these): it was answered when it was
-            # published, and would otherwise run again after every reconnect
-            log.warning("retained request on %s ignored: publish requests with retain off",
-                        msg.topic)
-            self.metrics.observe_request(None, "retained_replay")
-            return True
-        limit = self.cfg.mqtt.max_payload_bytes
-        msg = replace(msg, claimed_id=rq.claimed_id(msg.payload, limit))
-        try:
-            entry = self.journal.record(msg)
-        except JournalError as e:
-            self.metrics.set_storage(False)
-            self._unrecorded(msg, e)
-            return True
-        self.metrics.set_storage(True)
-        if entry is None:
-            self.metrics.observe_request(None, "duplicate")
-            return True
-        try:
-            self._route(entry)
-        except Exception as e:   # a bug in routing answers this request, nothing else
-            log.exception("request %d could not be routed", entry.seq)
-            self.outbox.answer_error(entry.seq, rq.reply_address(entry, self.cfg.mqtt.base_topic,
-                                                             self.cfg.mqtt.client_id, {}),
-                                 None, "internal", f"{type(e).__name__}: {e}", entry.received)
-        return True
-
-    def _unrecorded(self, msg: Incoming, err: JournalError) -> None:
-        """A request the journal cannot hold (a full or failing ``state_dir``): answered
-        ``unavailable`` at once, straight from memory, and acknowledged, so the broker's
-        window never fills with requests rung can neither run nor refuse; intake works
-        again with the first write that succeeds."""
-        entry = Entry(0, msg.topic, msg.payload, msg.response_topic, msg.correlation,
-                      time.time(), None)
-        reply = rq.reply_address(entry, self.cfg.mqtt.base_topic, self.cfg.mqtt.client_id,
-                                 rq.peek(msg.payload, self.cfg.mqtt.max_payload_bytes))
-        task = msg.topic.rpartition("/")[2] or None
-        payload = rq.error_response(reply, task, "unavailable", f"request not accepted: "
-                                    f"{err.message}; retry later")
-        self.metrics.observe_request(None, "unavailable")
-        self.outbox.direct(reply, payload)
-
-    def _started(self, req: rq.Request) -> None:
-        """Count the attempt before the model starts (a poison message is recognised)."""
-        if req.reply is None or req.seq <= 0:
-            return   # Modbus jobs live in the PLC's registers, not in the journal
-        try:
-            self.journal.started(req.seq)
-        except JournalError:
-            self.metrics.set_storage(False)
-
-    def _route(self, entry: Entry, recovered: bool = False) -> None:
-        req = rq.parse(entry, self.cfg.mqtt.base_topic, self.cfg.mqtt.client_id,
-                       self.runner.tasks, self.cfg.mqtt.max_payload_bytes,
-                       self.cfg.queue.request_timeout_s)
-        if recovered and entry.attempts >= self.cfg.journal.max_attempts:
-            self._quarantine(entry, req)
-            return
-        if isinstance(req, rq.Failure):
-            self.outbox.answer_error(req.seq, req.reply, req.task, req.code, req.message,
-                                 entry.received)
-            self.metrics.observe_request(req.task if req.task in self.runner.tasks else None,
-                                         req.code, total_s=time.time() - entry.received)
-        elif self.fleet is not None and self.fleet.leaving:
-            pass   # stays pending: handed over to the group, or run after the restart
-        elif (future := self.scheduler.submit(req, recovered)) is not None:
-            future.add_done_callback(lambda f: self._answer(f.result()))
-        else:
-            busy = Answer(req, False, "busy", f"queue full ({self.cfg.queue.max_pending} "
-                          "pending); retry later")
-            self._answer(busy)
-            self._observe(busy)
-        self.metrics.set_queue(self.scheduler.depth, self.scheduler.inflight)
-
-    def _quarantine(self, entry: Entry, req: rq.Request | rq.Failure) -> None:
-        """A request the daemon died on ``attempts`` times: answered, never run again."""
-        why = (f"quarantined: the daemon stopped {entry.attempts} times while this request "
-               f"was in flight (journal.max_attempts = {self.cfg.journal.max_attempts}); "
-               "it is not run again")
-        log.error("request %d %s", entry.seq, why)
-        self.metrics.quarantined.inc()
-        task = req.task if isinstance(req, rq.Request) else None
-        reply = req.reply or rq.reply_address(entry, self.cfg.mqtt.base_topic,
-                                              self.cfg.mqtt.client_id, {})
-        self.outbox.answer_error(entry.seq, reply, task, "internal", why, entry.received,
-                             note=why)
-        self.metrics.observe_request(task, "internal", total_s=time.time() - entry.received)
-
-    # -- answers -------------------------------------------------------------------------
-
-    def _answer(self, a: Answer) -> None:
-        """An MQTT request's answer: recorded, then published by the outbox."""
-        req = a.request
-        assert req.reply is not None   # every MQTT request has its reply address
-        usage = {k: a.usage.get(k) for k in USAGE_KEYS if k in a.usage or k in USAGE_CORE}
-        usage["total_ms"] = round((time.time() - req.received) * 1000, 1)
-        if a.ok:
-            payload = rq.ok_response(req.reply, req.task, a.output, a.validation, usage,
-                                     {"attempts": a.attempts, **(self._formats(req, a.output)
-                                                                 or {})})
-            self.outbox.record(req.seq, req.reply, payload)
-            log.info("answered", extra={"rung_fields": {
-                "seq": req.seq, "task": req.task, "ok": True, "id": req.reply.id,
-                "session": req.session, **usage}})
-        else:
-            # an answer that failed a semantic check comes with the output and the
-            # validation, so the engineer sees why it is not trusted (ok stays false)
-            extra: dict[str, Any] = ({"output": a.output, "validation": a.validation}
-                                     if a.code == "invalid_output" else {})
-            if a.usage:   # it reached the model (truncated, invalid_output, internal)
-                extra["usage"] = usage
-                extra["attempts"] = a.attempts
-            self.outbox.answer_error(req.seq, req.reply, req.task, a.code or "internal",
-                                 a.message, req.received, extra, req.session)
-
-    def _formats(self, req: rq.Request, output: Any) -> dict[str, Any] | None:
-        """The extra forms of an answer the request asked for (``output_formats``)."""
-        if "plcopen_xml" not in req.output_formats:
-            return None
-        from rung.daemon.plant.plcopen import to_plcopen_xml
-
-        try:
-            xml = to_plcopen_xml(output, self.cfg.st.edition)
-        except RungError as e:   # the answer stands; the extra form says why it is missing
-            return {"output_formats": {"plcopen_xml": None, "error": e.message}}
-        return {"output_formats": {"plcopen_xml": xml}}
+        for agent in self.agents:
+            agent.link_state.republish()
 
     def _observe(self, a: Answer) -> None:
+        """Every answer the scheduler gives (MQTT and PLC requests alike), in the metrics."""
         req, u = a.request, a.usage
         ttft = u.get("ttft_ms")
         if a.usage:
@@ -337,15 +187,16 @@ class Service:
 
     def _claims(self, drive: set[str], refused: dict[str, str]) -> None:
         """Drive the PLCs this node claimed; stop driving one another node took meanwhile
-        (refused PLCs never start)."""
+        (refused PLCs never start). A refused PLC's link state is the other node's to say."""
         for agent in self.agents:
             plc = agent.plc.id
             if plc in drive and plc not in self._agent_tasks:
                 self._agent_tasks[plc] = asyncio.get_running_loop().create_task(
                     agent.run(), name=f"plc-{plc}")
-            elif plc in refused and plc in self._agent_tasks:
-                self._links.pop(plc, None)
-                self._spawn(agent.stop())
+            elif plc in refused:
+                agent.link_state.silence()
+                if plc in self._agent_tasks:
+                    self._spawn(agent.stop())
 
     def _stop_scheduler_first(self, grace_s: float) -> asyncio.Task[int] | None:
         """A fleet node starts nothing new once it stops (the batch in progress finishes):
@@ -355,20 +206,17 @@ class Service:
         return asyncio.get_running_loop().create_task(self.scheduler.stop(grace_s))
 
     async def _leave_fleet(self) -> bool:
-        """Stop taking requests when other nodes stay (True: then hand over)."""
-        return self.fleet is not None and await self.fleet.leave()
+        """Stop taking requests when other nodes stay (True: then hand over). From here on
+        what still arrives stays pending: handed over, or run after the restart."""
+        if self.fleet is None:
+            return False
+        self.intake.holding = True
+        return await self.fleet.leave()
 
     async def _hand_over(self) -> int:
         assert self.fleet is not None
         return await self.fleet.hand_over(self.journal, self.cfg.queue.request_timeout_s,
-                                          self._expire)
-
-    def _expire(self, e: Entry) -> None:
-        reply = rq.reply_address(e, self.cfg.mqtt.base_topic, self.cfg.mqtt.client_id,
-                                 rq.peek(e.payload, self.cfg.mqtt.max_payload_bytes))
-        self.outbox.answer_error(e.seq, reply, e.topic.rpartition("/")[2] or None, "expired",
-                             "deadline passed before the request was started (message "
-                             "expiry or queue.request_timeout_s)", e.received)
+                                          self.intake.expire)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -379,22 +227,6 @@ class Service:
                 "tasks": sorted(self.runner.tasks), "since": _iso(self.started),
                 "request_topic": f"{self.cfg.mqtt.base_topic}/req/{{task}}"}
 
-    def recover(self) -> int:
-        """Re-queue requests recorded before a restart; answers left unpublished go out
-        once connected. Returns the requests re-queued."""
-        pending = self.journal.pending()
-        for e in pending:
-            try:
-                self._route(e, recovered=True)
-            except Exception as err:   # answered, so it is not recovered again and again
-                log.exception("recovered request %d could not be routed", e.seq)
-                self.outbox.answer_error(e.seq, rq.reply_address(
-                    e, self.cfg.mqtt.base_topic, self.cfg.mqtt.client_id, {}), None,
-                    "internal", f"{type(err).__name__}: {err}", e.received)
-        if pending:
-            log.info("recovered %d requests from the journal", len(pending))
-        return len(pending)
-
     def liveness(self) -> str | None:
         return self.scheduler.liveness()
 
@@ -404,6 +236,7 @@ class Service:
                 f"{'connected' if self.link.connected else 'disconnected'}")
 
     async def run(self) -> int:
+        """Warm, recover, start the parts, READY once connected; on SIGTERM stop in order."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
@@ -411,21 +244,8 @@ class Service:
         pinned = await loop.run_in_executor(None, self.runner.warm)
         log.info("task prompts pinned in the KV cache", extra={"rung_fields": pinned})
         self.journal.prune()
-        self.recover()
-        self._link_task = loop.create_task(self.link.run(), name="mqtt")
-        engine_loop = self.scheduler.start()
-        engine_loop.add_done_callback(self._scheduler_ended)
-        tasks = [engine_loop, loop.create_task(self.outbox.run(), name="outbox"),
-                 self._link_task]
-        if self.fleet is None:
-            tasks += [loop.create_task(a.run(), name=f"plc-{a.plc.id}") for a in self.agents]
-        else:   # a fleet node drives the PLCs it claimed (_claims)
-            tasks.append(loop.create_task(self.fleet.run(), name="fleet"))
-        spb = (loop.create_task(self.sparkplug.run(), name="sparkplug")
-               if self.sparkplug is not None else None)
-        if self.cfg.metrics.port:
-            self.metrics.serve(self.cfg.metrics.port, self.cfg.metrics.host)
-        self.outbox.wake()
+        self.intake.recover()
+        tasks = self._start()
         self.notifier.status("connecting to the broker")
         while not self.link.connected and not self._stopping.is_set():
             await asyncio.sleep(0.05)
@@ -440,6 +260,32 @@ class Service:
         await self._stopping.wait()
         status.cancel()   # the stopping status must stay visible
         await self.shutdown()
+        await self._end(tasks)
+        return self.exit_code
+
+    def _start(self) -> list[asyncio.Task[Any]]:
+        """Start the parts: the MQTT link, the engine loop, the outbox, the PLC agents (a
+        fleet node: those it claims, ``_claims``), Sparkplug, the metrics endpoint."""
+        loop = asyncio.get_running_loop()
+        self._link_task = loop.create_task(self.link.run(), name="mqtt")
+        engine_loop = self.scheduler.start()
+        engine_loop.add_done_callback(self._scheduler_ended)
+        tasks = [engine_loop, loop.create_task(self.outbox.run(), name="outbox"),
+                 self._link_task]
+        if self.fleet is None:
+            tasks += [loop.create_task(a.run(), name=f"plc-{a.plc.id}") for a in self.agents]
+        else:
+            tasks.append(loop.create_task(self.fleet.run(), name="fleet"))
+        if self.sparkplug is not None:
+            self._sparkplug_task = loop.create_task(self.sparkplug.run(), name="sparkplug")
+        if self.cfg.metrics.port:
+            self.metrics.serve(self.cfg.metrics.port, self.cfg.metrics.host)
+        self.outbox.wake()
+        return tasks
+
+    async def _end(self, tasks: list[asyncio.Task[Any]]) -> None:
+        """After ``shutdown``: Sparkplug's NDEATH, then every part's task ended."""
+        spb = self._sparkplug_task
         if spb is not None:
             try:   # the node publishes its NDEATH and disconnects
                 await asyncio.wait_for(asyncio.shield(spb), 5)
@@ -452,7 +298,6 @@ class Service:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        return self.exit_code
 
     def _scheduler_ended(self, task: asyncio.Task[None]) -> None:
         """The engine loop ended without being asked to: never silent. ``rung_up`` drops,

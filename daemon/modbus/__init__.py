@@ -1,2 +1,3 @@
-"""The Modbus side: register maps, the links to PLCs, the handshake agent per PLC and its job.
+"""The Modbus side: register maps, the links to PLCs, the handshake agent per PLC, its job
+and its link state on MQTT.
 """

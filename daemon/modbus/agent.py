@@ -25,7 +25,7 @@ once when it starts failing and once when it works again or is no longer needed;
 attempts are counted in ``rung_plc_retries_total`` and ``rung_plc_failing``, and the link
 state reads ``degraded`` with the operation and its error while one keeps failing.
 
-A request runs once (:class:`rung.daemon.plcjob.Diagnoser`). Its answer is kept, in a file
+A request runs once (:class:`rung.daemon.modbus.job.Diagnoser`). Its answer is kept, in a file
 under ``state_dir`` when one is given, and published once; the writes that deliver it are
 retried for as long as the PLC keeps the request up, never by running the model again. A
 request found acknowledged but neither done nor answered (``ack_seq == req_seq``, ``done ==
@@ -39,10 +39,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rung.daemon.metrics import Metrics, PlcMetrics
 from rung.daemon.modbus.job import (
@@ -55,15 +55,22 @@ from rung.daemon.modbus.job import (
     Submit,
 )
 from rung.daemon.modbus.link import Link, ModbusError
+from rung.daemon.modbus.link_state import LinkState, Publish
 from rung.daemon.modbus.regmap import PlcMap
 
-__all__ = ["ERR_CODES", "PlcAgent", "Publish", "Submit"]
+__all__ = ["ERR_CODES", "Plant", "PlcAgent", "Publish", "Submit"]
 
 log = logging.getLogger("rung.plc")
 
-Publish = Callable[[str, dict[str, Any], bool], Awaitable[bool]]
 Regs = dict[str, int]   # handshake register name -> value
 _REQUEST_OPS = ("ack write", "answer write", "done write", "clear write")
+
+
+class Plant(Protocol):
+    """The plant's own view of its PLCs beside MQTT (the Sparkplug B edge node)."""
+
+    def diagnosis(self, plc: str, event: Mapping[str, Any]) -> None: ...
+    def plc_link(self, plc: str, up: bool) -> None: ...
 
 
 @dataclass
@@ -75,18 +82,25 @@ class _Op:
 
 
 class PlcAgent:
-    """Polls one PLC's handshake, runs its requests through the shared scheduler, answers.
+    """Polls one PLC's handshake, runs its requests through the shared scheduler, answers;
+    publishes its diagnoses and its link's state (``link_state``) under ``base_topic``.
 
     ``metrics``: the daemon's (its ``plc`` series); ``state_dir``: where the answer waiting
-    for delivery is kept (``{state_dir}/{plc id}.json``); None keeps it in memory only.
+    for delivery is kept (``{state_dir}/{plc id}.json``); None keeps it in memory only;
+    ``plant``: told every diagnosis and link change too (Sparkplug B), or None. The
+    link's ``on_state`` is the agent's from here on.
     """
 
     def __init__(self, plc: PlcMap, link: Link, submit: Submit, publish: Publish,
                  base_topic: str, timeout_s: float, reconnect_min_s: float = 0.5,
                  reconnect_max_s: float = 30.0, metrics: Metrics | None = None,
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, plant: Plant | None = None) -> None:
         hs = plc.handshake
         self.plc, self.link, self.publish, self.base = plc, link, publish, base_topic
+        self.plant = plant
+        self.link_state = LinkState(plc.id, base_topic, publish,
+                                    plant.plc_link if plant is not None else None)
+        link.on_state = self.link_state.changed
         self.retry = Backoff(hs.poll_s, hs.retry_max_s)
         self.reconnect = Backoff(min(reconnect_min_s, hs.retry_max_s),
                                  min(reconnect_max_s, hs.retry_max_s))
@@ -270,6 +284,8 @@ class PlcAgent:
         did not take and sends it after the reconnect."""
         topic = f"{self.base}/diag/{self.plc.id}"
         try:
+            if self.plant is not None:
+                self.plant.diagnosis(self.plc.id, answered.event)
             await self.publish(f"{topic}/event", answered.event, False)
             await self.publish(f"{topic}/last", answered.last, True)
         except Exception as e:   # a broken publisher: the PLC still gets its answer

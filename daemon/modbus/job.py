@@ -21,7 +21,7 @@ from typing import Any
 
 from rung.daemon.modbus.link import Link, ModbusError, ModbusTransientError
 from rung.daemon.modbus.regmap import PlcMap
-from rung.daemon.mqtt.requests import Request
+from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer
 
 log = logging.getLogger("rung.plc")
@@ -192,7 +192,7 @@ class Diagnoser:
                                                                   "message": a.message},
                                            "output": a.output, "validation": a.validation})
         event = {"plc": self.plc.id, "req_seq": job.req_seq, "resumed": job.resumed,
-                 "time": _iso(job.started), "ms": round((time.time() - job.started) * 1000),
+                 "time": iso(job.started), "ms": round((time.time() - job.started) * 1000),
                  "err": job.err, "err_text": ERR_CODES[job.err], "result": job.result,
                  "snapshot": job.snapshot, **answers}
         last = {k: event[k] for k in ("plc", "req_seq", "time", "err", "err_text", "result")}
@@ -253,5 +253,6 @@ class AnswerStore:
             log.error("PLC %s: cannot remove %s: %s", self.plc_id, self.path, e)
 
 
-def _iso(t: float) -> str:
+def iso(t: float) -> str:
+    """A wall-clock time as UTC ISO 8601 (``2025-03-04T06:15:02Z``)."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

@@ -147,7 +147,7 @@ class Link:
         self.state = "disconnected"   # of the connection; on_state may say "degraded"
         self.last_error: str | None = None
         self.per_transaction = False   # learned: the PLC closes after every response
-        self._on_state = on_state
+        self.on_state = on_state   # told every change of the state shown
         self._detail: str | None = None
         self._shown: tuple[str, str | None] = ("disconnected", None)
         self._faults: dict[str, str] = {}   # caller's operation -> why it keeps failing
@@ -436,8 +436,8 @@ class Link:
             detail = "; ".join(f"{what}: {why}" for what, why in self._faults.items())
         if (state, detail) != self._shown:
             self._shown = (state, detail)
-            if self._on_state is not None:
-                self._on_state(state, detail)
+            if self.on_state is not None:
+                self.on_state(state, detail)
 
     def __repr__(self) -> str:
         return f"Link({self.plc.id!r}, {self.where}, {self.state})"

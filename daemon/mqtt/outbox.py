@@ -22,6 +22,7 @@ from rung.daemon.mqtt import requests as rq
 from rung.daemon.mqtt.journal import Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.topics import topic_problem
+from rung.daemon.request import Address
 
 log = logging.getLogger("rung.serve")
 PUBLISH_ATTEMPTS = 3   # publishes of one answer that end the connection before it is dropped
@@ -44,7 +45,7 @@ class Outbox:
 
     # -- answers -------------------------------------------------------------------------
 
-    def answer_error(self, seq: int, reply: rq.Address, task: str | None, code: str,
+    def answer_error(self, seq: int, reply: Address, task: str | None, code: str,
                      message: str, received: float, extra: dict[str, Any] | None = None,
                      session: str | None = None, note: str | None = None) -> None:
         """Record and send an error answer (logged as ``answered``)."""
@@ -54,7 +55,7 @@ class Outbox:
             "id": reply.id, "session": session,
             "ms": round((time.time() - received) * 1000, 1)}})
 
-    def record(self, seq: int, reply: rq.Address, payload: bytes,
+    def record(self, seq: int, reply: Address, payload: bytes,
                note: str | None = None) -> None:
         """Record an answer, then publish it in journal order."""
         try:
@@ -67,7 +68,7 @@ class Outbox:
             return
         self.wake()
 
-    def direct(self, reply: rq.Address, payload: bytes) -> None:
+    def direct(self, reply: Address, payload: bytes) -> None:
         """Publish an answer that is not (cannot be) in the journal."""
         task = asyncio.get_running_loop().create_task(
             self.link.publish(reply.topic, payload, correlation=reply.correlation))

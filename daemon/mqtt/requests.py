@@ -17,6 +17,7 @@ from typing import Any
 
 from rung.daemon.mqtt.journal import Entry
 from rung.daemon.mqtt.topics import surrogate_path, text_problem, topic_problem
+from rung.daemon.request import Address, Request
 
 _FIELDS = {"input", "id", "reply_to", "client", "session", "max_tokens", "temperature",
            "seed", "top_p", "top_k", "output_formats"}
@@ -24,37 +25,6 @@ _FIELDS = {"input", "id", "reply_to", "client", "session", "max_tokens", "temper
 OUTPUT_FORMATS = {"plcopen_xml": "st"}
 _MAX_ID = 256
 _MAX_MESSAGE = 500
-
-
-@dataclass(frozen=True)
-class Address:
-    """Where and how to answer."""
-
-    topic: str
-    correlation: bytes | None
-    id: str | None
-
-
-@dataclass(frozen=True)
-class Request:
-    """A task request: what the scheduler needs (task, input, sampling, deadline), and for
-    one that came over MQTT its journal row (``seq``) and reply address. The input is
-    checked against the task schema later, by the runner (``bad_request`` on a mismatch).
-    Its answer comes back as the future ``Scheduler.submit`` returns."""
-
-    seq: int                 # the journal row (0: not journaled, e.g. a PLC's job)
-    task: str
-    input: dict[str, Any]
-    received: float
-    deadline: float
-    reply: Address | None = None   # MQTT only: where the answer goes
-    session: str | None = None
-    max_tokens: int | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    output_formats: tuple[str, ...] = ()   # extra forms of the answer (OUTPUT_FORMATS)
 
 
 @dataclass(frozen=True)

@@ -349,7 +349,7 @@ def test_a_dead_engine_loop_is_never_silent(tmp_path: Path, broker: Broker, edge
         run = asyncio.ensure_future(service.run())
         while not service.link.connected:
             await asyncio.sleep(0.01)
-        service._on_message(Incoming(f"{BASE}/req/st_code", json.dumps(SHORT).encode()))
+        service.intake.on_message(Incoming(f"{BASE}/req/st_code", json.dumps(SHORT).encode()))
         code = await asyncio.wait_for(run, 60)
         return code, service.liveness()
 

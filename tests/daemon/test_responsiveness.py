@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.mqtt.requests import Address, Request
+from rung.daemon.request import Address, Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_loop
 from rung.daemon.tasks.runner import Prepared, TaskResult, TaskRunner

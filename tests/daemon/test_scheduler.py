@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from rung.daemon.mqtt.requests import Address, Request
+from rung.daemon.request import Address, Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.tasks.runner import Prepared, TaskResult
 from rung.engines.sampler import SamplingParams

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from rung.engines.errors import ManifestError
 from rung.engines import load_engine
+from rung.engines.errors import ManifestError
 from rung.engines.manifest import (
     FORMAT_VERSION,
     TrtPlan,

@@ -1,0 +1,216 @@
+"""MQTT requests in, their answers out: record, route, answer.
+
+A request message is recorded in the journal before the link acknowledges it
+(``on_message``), then parsed at the edge (``requests.parse``) and routed: a ``Failure`` is
+answered at once, a ``Request`` goes to the scheduler, whose future brings the answer back
+here to be recorded and published by the outbox. A message the journal cannot hold (a full
+or failing ``state_dir``) is answered ``unavailable`` from memory; a duplicate is dropped.
+
+After a restart ``recover`` routes what the journal still holds pending; one the daemon
+died on ``journal.max_attempts`` times is quarantined (answered ``internal``, never run
+again). A bug while routing one request answers that request ``internal``, nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from rung.daemon.config import Config
+from rung.daemon.metrics import Metrics
+from rung.daemon.mqtt import requests as rq
+from rung.daemon.mqtt.journal import Entry, Incoming, Journal, JournalError
+from rung.daemon.mqtt.outbox import Outbox
+from rung.daemon.request import Address, Request
+from rung.daemon.scheduler import Answer, Scheduler
+from rung.engines.errors import RungError
+
+log = logging.getLogger("rung.serve")   # the ``answered`` lines keep their logger (docs/mqtt.md)
+USAGE_CORE = ("prompt_tokens", "completion_tokens", "cached_tokens", "ttft_ms")
+# fast decoding: decode steps, draft tokens offered, of them grammar-forced, confirmed
+USAGE_KEYS = (*USAGE_CORE, "steps", "drafted_tokens", "forced_tokens", "accepted_tokens")
+
+
+class MqttIntake:
+    """Takes the link's request messages (``on_message``) and answers each exactly once.
+
+    ``tasks``: the task names the runner serves (and their definitions, for
+    ``output_formats``). ``holding``: once True, recorded requests stay pending instead of
+    being run (a fleet node leaving its group: handed over, or run after its restart).
+    """
+
+    def __init__(self, cfg: Config, tasks: Mapping[str, Any], journal: Journal,
+                 scheduler: Scheduler, outbox: Outbox, metrics: Metrics) -> None:
+        self.cfg, self.tasks, self.journal = cfg, tasks, journal
+        self.scheduler, self.outbox, self.metrics = scheduler, outbox, metrics
+        self.holding = False
+
+    # -- intake --------------------------------------------------------------------------
+
+    def on_message(self, msg: Incoming) -> bool:
+        """Record, then route; True once the message is durable (the link acknowledges)."""
+        if msg.retained:
+            # a retained request replayed at subscribe time (MQTT 3.1.1; v5 subscribes with
+            # Retain Handling 2 and never gets these): it was answered when it was
+            # published, and would otherwise run again after every reconnect
+            log.warning("retained request on %s ignored: publish requests with retain off",
+                        msg.topic)
+            self.metrics.observe_request(None, "retained_replay")
+            return True
+        msg = replace(msg, claimed_id=rq.claimed_id(msg.payload, self.cfg.mqtt.max_payload_bytes))
+        try:
+            entry = self.journal.record(msg)
+        except JournalError as e:
+            self.metrics.set_storage(False)
+            self._unrecorded(msg, e)
+            return True
+        self.metrics.set_storage(True)
+        if entry is None:
+            self.metrics.observe_request(None, "duplicate")
+        else:
+            self._route_or_fail(entry)
+        return True
+
+    def recover(self) -> int:
+        """Re-queue requests recorded before a restart; answers left unpublished go out
+        once connected. Returns the requests re-queued."""
+        pending = self.journal.pending()
+        for e in pending:
+            self._route_or_fail(e, recovered=True)
+        if pending:
+            log.info("recovered %d requests from the journal", len(pending))
+        return len(pending)
+
+    def started(self, req: Request) -> None:
+        """The scheduler's ``on_start``: count the attempt before the model starts (a
+        poison message is recognised after a restart)."""
+        if req.reply is None or req.seq <= 0:
+            return   # Modbus jobs live in the PLC's registers, not in the journal
+        try:
+            self.journal.started(req.seq)
+        except JournalError:
+            self.metrics.set_storage(False)
+
+    def expire(self, e: Entry) -> None:
+        """Answer a recorded request ``expired`` without running it (a fleet hand-over)."""
+        self.outbox.answer_error(e.seq, self._reply(e, peek=True), _task(e), "expired",
+                                 "deadline passed before the request was started (message "
+                                 "expiry or queue.request_timeout_s)", e.received)
+
+    def _unrecorded(self, msg: Incoming, err: JournalError) -> None:
+        """A request the journal cannot hold (a full or failing ``state_dir``): answered
+        ``unavailable`` at once, straight from memory, and acknowledged, so the broker's
+        window never fills with requests rung can neither run nor refuse; intake works
+        again with the first write that succeeds."""
+        entry = Entry(0, msg.topic, msg.payload, msg.response_topic, msg.correlation,
+                      time.time(), None)
+        reply = self._reply(entry, peek=True)
+        payload = rq.error_response(reply, _task(entry), "unavailable",
+                                    f"request not accepted: {err.message}; retry later")
+        self.metrics.observe_request(None, "unavailable")
+        self.outbox.direct(reply, payload)
+
+    # -- routing -------------------------------------------------------------------------
+
+    def _route_or_fail(self, entry: Entry, recovered: bool = False) -> None:
+        try:
+            self._route(entry, recovered)
+        except Exception as e:   # a bug in routing answers this request, nothing else
+            # (and a recovered one is then not recovered again and again)
+            log.exception("%srequest %d could not be routed", "recovered " if recovered
+                          else "", entry.seq)
+            self.outbox.answer_error(entry.seq, self._reply(entry), None, "internal",
+                                     f"{type(e).__name__}: {e}", entry.received)
+
+    def _route(self, entry: Entry, recovered: bool) -> None:
+        mq = self.cfg.mqtt
+        req = rq.parse(entry, mq.base_topic, mq.client_id, self.tasks, mq.max_payload_bytes,
+                       self.cfg.queue.request_timeout_s)
+        if recovered and entry.attempts >= self.cfg.journal.max_attempts:
+            self._quarantine(entry, req)
+            return
+        if isinstance(req, rq.Failure):
+            self.outbox.answer_error(req.seq, req.reply, req.task, req.code, req.message,
+                                     entry.received)
+            self.metrics.observe_request(req.task if req.task in self.tasks else None,
+                                         req.code, total_s=time.time() - entry.received)
+        elif self.holding:
+            pass   # stays pending: handed over to the group, or run after the restart
+        elif (future := self.scheduler.submit(req, recovered)) is not None:
+            future.add_done_callback(self._answered)
+        else:
+            self._answer(Answer(req, False, "busy", f"queue full "
+                               f"({self.cfg.queue.max_pending} pending); retry later"))
+            self.metrics.observe_request(req.task, "busy",
+                                         total_s=time.time() - req.received)
+        self.metrics.set_queue(self.scheduler.depth, self.scheduler.inflight)
+
+    def _quarantine(self, entry: Entry, req: Request | rq.Failure) -> None:
+        """A request the daemon died on ``attempts`` times: answered, never run again."""
+        why = (f"quarantined: the daemon stopped {entry.attempts} times while this request "
+               f"was in flight (journal.max_attempts = {self.cfg.journal.max_attempts}); "
+               "it is not run again")
+        log.error("request %d %s", entry.seq, why)
+        self.metrics.quarantined.inc()
+        task = req.task if isinstance(req, Request) else None
+        self.outbox.answer_error(entry.seq, req.reply or self._reply(entry), task, "internal",
+                                 why, entry.received, note=why)
+        self.metrics.observe_request(task, "internal", total_s=time.time() - entry.received)
+
+    def _reply(self, entry: Entry, peek: bool = False) -> Address:
+        """Where to answer a request that was not parsed (``peek``: use what its payload
+        says, when it is a JSON object)."""
+        mq = self.cfg.mqtt
+        doc = rq.peek(entry.payload, mq.max_payload_bytes) if peek else {}
+        return rq.reply_address(entry, mq.base_topic, mq.client_id, doc)
+
+    # -- answers -------------------------------------------------------------------------
+
+    def _answered(self, future: asyncio.Future[Answer]) -> None:
+        self._answer(future.result())
+
+    def _answer(self, a: Answer) -> None:
+        """An MQTT request's answer: recorded, then published by the outbox."""
+        req = a.request
+        assert req.reply is not None   # every MQTT request has its reply address
+        usage = {k: a.usage.get(k) for k in USAGE_KEYS if k in a.usage or k in USAGE_CORE}
+        usage["total_ms"] = round((time.time() - req.received) * 1000, 1)
+        if a.ok:
+            payload = rq.ok_response(req.reply, req.task, a.output, a.validation, usage,
+                                     {"attempts": a.attempts,
+                                      **(self._formats(req, a.output) or {})})
+            self.outbox.record(req.seq, req.reply, payload)
+            log.info("answered", extra={"rung_fields": {
+                "seq": req.seq, "task": req.task, "ok": True, "id": req.reply.id,
+                "session": req.session, **usage}})
+            return
+        # an answer that failed a semantic check comes with the output and the validation,
+        # so the engineer sees why it is not trusted (ok stays false)
+        extra: dict[str, Any] = ({"output": a.output, "validation": a.validation}
+                                 if a.code == "invalid_output" else {})
+        if a.usage:   # it reached the model (truncated, invalid_output, internal)
+            extra["usage"] = usage
+            extra["attempts"] = a.attempts
+        self.outbox.answer_error(req.seq, req.reply, req.task, a.code or "internal",
+                                 a.message, req.received, extra, req.session)
+
+    def _formats(self, req: Request, output: Any) -> dict[str, Any] | None:
+        """The extra forms of an answer the request asked for (``output_formats``)."""
+        if "plcopen_xml" not in req.output_formats:
+            return None
+        from rung.daemon.plant.plcopen import to_plcopen_xml
+
+        try:
+            xml = to_plcopen_xml(output, self.cfg.st.edition)
+        except RungError as e:   # the answer stands; the extra form says why it is missing
+            return {"output_formats": {"plcopen_xml": None, "error": e.message}}
+        return {"output_formats": {"plcopen_xml": xml}}
+
+
+def _task(entry: Entry) -> str | None:
+    """The task a request's topic names (its last level), or None."""
+    return entry.topic.rpartition("/")[2] or None
