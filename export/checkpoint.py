@@ -28,6 +28,9 @@ from rung.export.model import RungForCausalLM
 INDEX_NAME = "model.safetensors.index.json"
 # Tensors a checkpoint may carry that the model recomputes.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Projections a checkpoint may keep packed (Phi-3) -> the model's layers, rows in order
+PACKED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 
 
 @dataclass
@@ -123,7 +126,8 @@ def load_weights(model: RungForCausalLM, state: dict[str, torch.Tensor], where: 
     if any(".mlp.ffn_gate." in k for k in state) and not model.has_ffn_gates:
         model.add_ffn_gates()
     expected = dict(model.named_parameters())
-    state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)}
+    state = unpack({k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES)},
+                   expected, where)
     if model.cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     unexpected = sorted(set(state) - set(expected))
@@ -147,6 +151,29 @@ def load_weights(model: RungForCausalLM, state: dict[str, torch.Tensor], where: 
             param.copy_(t.to(torch.float32))
 
 
+def unpack(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
+           where: Path) -> dict[str, torch.Tensor]:
+    """Split packed projections (``PACKED``: Phi-3's ``qkv_proj``, ``gate_up_proj``) into
+    the model's layers, by the rows each layer has."""
+    out = {}
+    for name, t in state.items():
+        stem, _, leaf = name.rpartition(".")            # ...layers.3.self_attn.qkv_proj
+        parent, _, packed = stem.rpartition(".layers.")
+        layer, _, module = packed.partition(".")
+        names = [f"{parent}.layers.{layer}.{part}.{leaf}" for part in PACKED.get(module, ())]
+        if not names or not all(n in expected for n in names):
+            out[name] = t  # not packed, or nothing to unpack into: load_weights names it
+            continue
+        rows = [expected[n].shape[0] for n in names]
+        if sum(rows) != t.shape[0]:
+            raise CheckpointError(
+                f"{where}: tensor {name!r} has {t.shape[0]} rows, config.json implies "
+                f"{sum(rows)} ({' + '.join(map(str, rows))})",
+                "config.json and the weights disagree")
+        out.update(zip(names, torch.split(t, rows), strict=True))
+    return out
+
+
 def load_checkpoint(hf_dir: Path, max_seq: int | None = None,
                     norm_eps: float | None = None, workdir: Path | None = None) -> Checkpoint:
     """Import ``hf_dir`` (or a ``.gguf`` file) into an fp32 ``RungForCausalLM``.
@@ -154,7 +181,7 @@ def load_checkpoint(hf_dir: Path, max_seq: int | None = None,
     Args:
         hf_dir: local directory in Hugging Face layout, or a GGUF file.
         max_seq: longest sequence the exported engine serves (default: the config's
-            max_position_embeddings, capped at 4096 and at a sliding window).
+            max_position_embeddings, capped at 4096).
         norm_eps: override every RMSNorm eps.
         workdir: a GGUF file's config and tokenizer files go here (required for GGUF).
     Raises:
@@ -183,7 +210,7 @@ def _assemble(hf_dir: Path, state: dict[str, torch.Tensor] | None, max_seq: int 
     """The checkpoint of ``hf_dir``'s config and tokenizer, with ``state`` as its weights
     (None: read from the directory's safetensors)."""
     cfg = parse_config(read_json(hf_dir / "config.json"), str(hf_dir / "config.json"))
-    limit = min(cfg.max_position, cfg.sliding_window or cfg.max_position)
+    limit = cfg.max_position
     seq = min(max_seq or min(limit, 4096), limit)
     generation = read_json(hf_dir / "generation_config.json", required=False)
     gen_eos = generation.get("eos_token_id")

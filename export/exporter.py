@@ -37,13 +37,14 @@ from rung.engines.manifest import (
 from rung.engines.onnx_engine import OnnxEngine
 from rung.engines.progress import step
 from rung.engines.tokenizer import Tokenizer
+from rung.export.arch import ModelConfig
 from rung.export.blockquant import Blocks
 from rung.export.checkpoint import Checkpoint, load_checkpoint
 from rung.export.ffn_calibrate import calibrate
 from rung.export.gguf import GGML_TYPES
 from rung.export.mixed import LAYER_UNITS, choose, importance
 from rung.export.model import RungForCausalLM
-from rung.export.onnx_fused import FUSED_KV, build_fused_graph, fused_io_specs
+from rung.export.onnx_fused import FUSED_KV, build_fused_graph, fused_io_specs, fused_refusal
 from rung.export.onnx_graph import OPSET, build_graph, io_specs
 from rung.export.prompts import CALIBRATION, HELD_OUT, text_rows, text_stream
 from rung.export.quantize import BITS, QuantSpec, quant_spec, quantize_graph, quantized_model
@@ -136,14 +137,14 @@ def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
     weights = opts.weights or source_weights(ckpt)
     opts = dataclasses.replace(opts, weights=weights)
     spec = plan(ckpt, opts)
-    graph_form(opts)  # the source's own precision may rule out the fused graph
+    graph_form(opts, ckpt.config)  # the source's precision or the model may rule it out
     ckpt.model.set_kv_dtype(KV[opts.kv])
     ffn_gate = prepare_gates(ckpt, opts)
     tok = Tokenizer.load(ckpt.path, ckpt.tokenizer)
     calib, held = real_text(ckpt, tok, opts)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until verified
-    fused = graph_form(opts) == "fused"
+    fused = graph_form(opts, ckpt.config) == "fused"
     imp: dict[str, Any] | None = None
     cache: dict[tuple[str, int, int], Blocks] = {}
     mixed = None
@@ -281,8 +282,8 @@ def _linears(model: RungForCausalLM) -> list[str]:
     return [*names, "lm_head"]
 
 
-def graph_form(opts: ExportOptions) -> str:
-    """``fused`` or ``generic`` for ``opts.graph``.
+def graph_form(opts: ExportOptions, cfg: ModelConfig | None = None) -> str:
+    """``fused`` or ``generic`` for ``opts.graph`` (and the model ``cfg``, where known).
 
     Raises:
         ExportError: an unknown form, or ``fused`` where it does not apply.
@@ -296,6 +297,12 @@ def graph_form(opts: ExportOptions) -> str:
         raise ExportError(f"--graph fused takes fp32/fp16 KV with fp32/int8/int4 weights, not "
                           f"{opts.kv} KV with {opts.weights} weights",
                           "use --graph generic (or auto)")
+    refusal = None if cfg is None else fused_refusal(cfg)
+    if refusal is not None:
+        if opts.graph == "fused":
+            raise ExportError(f"--graph fused does not fit this model: {refusal}",
+                              "use --graph generic (or auto)")
+        fits = False
     return "fused" if opts.graph == "fused" or (opts.graph == "auto" and fits) else "generic"
 
 
@@ -357,7 +364,7 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
 
 def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
     c, model = ckpt.config, ckpt.model
-    fused = graph_form(opts) == "fused"
+    fused = graph_form(opts, c) == "fused"
     inputs, outputs = fused_io_specs(model) if fused else io_specs(model)
     files = [GRAPH_FILE, DATA_FILE, *ckpt.tokenizer.files]
     artifacts, blake = artifact_digests(out_dir, files)

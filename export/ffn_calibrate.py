@@ -60,12 +60,12 @@ def _record(model: RungForCausalLM, batch: torch.Tensor) -> tuple[list[np.ndarra
         def resid(mod: Any, args: Any, out: torch.Tensor, i: int = i) -> None:
             ys[i].append(args[0].reshape(-1, args[0].shape[-1]).norm(dim=-1).numpy())
         hooks.append(layer.mlp.register_forward_hook(hook))
-        hooks.append(layer.post_attention_layernorm.register_forward_hook(resid))
+        hooks.append(layer.ffn_norm.register_forward_hook(resid))
     contrib: list[list[np.ndarray]] = [[] for _ in model.model.layers]
     for i, layer in enumerate(model.model.layers):
         def out_hook(mod: Any, args: Any, out: torch.Tensor, i: int = i) -> None:
             contrib[i].append(out.reshape(-1, out.shape[-1]).norm(dim=-1).numpy())
-        hooks.append(layer.mlp.register_forward_hook(out_hook))
+        hooks.append(layer.mlp.register_forward_hook(out_hook))  # its post norm included
     try:
         with torch.no_grad():
             for row in batch.split(4):

@@ -118,7 +118,7 @@ def choose(model: RungForCausalLM, rows: np.ndarray, bits_of: Callable[[str], in
     weight it rounds lands in ``cache`` ((module, bits, block) -> blocks) for the graph."""
     model = untied_copy(model)
     ids = torch.from_numpy(rows)
-    cos, sin, mask = model.rope_and_mask(*ids.shape)
+    frame = model.frame(*ids.shape)
     hidden: list[torch.Tensor] = []  # what enters each layer, then the final norm
     hooks = [m.register_forward_pre_hook(lambda m, a: hidden.append(a[0]))
              for m in [*model.model.layers, model.model.norm]]
@@ -137,7 +137,7 @@ def choose(model: RungForCausalLM, rows: np.ndarray, bits_of: Callable[[str], in
 
     def run(start: int, n: int = len(rows)) -> float:
         with torch.no_grad():
-            got = model.forward_from(hidden[start][:n], start, cos[:n], sin[:n], mask[:n])
+            got = model.forward_from(hidden[start][:n], start, frame.rows(n))
             return mean_kl(ref[:n * rows.shape[1]], got.reshape(-1, model.cfg.vocab_size))
 
     def load(weights: dict[str, torch.Tensor]) -> None:

@@ -4,9 +4,14 @@ Module names follow the Hugging Face layout (``model.layers.{i}.self_attn.q_proj
 checkpoint's state dict loads by name. Deployment structure:
 
 - separate ``q_proj`` / ``k_proj`` / ``v_proj`` (per-projection quantization and bias);
-- a precomputed RoPE cos/sin table ``[max_seq, head_dim]`` indexed by position;
+- a precomputed RoPE cos/sin table ``[max_seq, rotary_dim]`` indexed by position, one per
+  layer type whose RoPE differs (Gemma 3's sliding layers have their own);
 - each FFN has a named place for a skip gate, ``mlp.ffn_gate`` (``None`` = always run);
 - RMSNorm eps can be overridden at load.
+
+Family options come from the config (``rung.export.arch``): RMSNorm's ``offset + weight``
+scale and four norms per layer (Gemma), scaled embeddings, partial rotary, sliding-window
+layers, an attention scale of its own, the FFN activation, final logit soft-capping.
 
 The forward pass is a plain full-sequence causal forward (no cache): exports verify the
 cached ONNX graph against it, calibration and training use it directly.
@@ -14,31 +19,61 @@ cached ONNX graph against it, calibration and training use it directly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rung.export.arch import ModelConfig
+from rung.export.arch import FULL, SLIDING, ModelConfig
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """RMSNorm scaled by ``weight``, or by ``offset + weight`` (Gemma stores the scale minus
+    one: ``offset`` 1.0). ``weight`` keeps the checkpoint's value either way."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
         self.eps = eps
+        self.offset = offset
+
+    def gain(self) -> torch.Tensor:
+        """The scale the norm applies [dim] (what a graph writes as its weight)."""
+        return self.weight + self.offset if self.offset else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.gain() * xf.to(x.dtype)
 
 
-def rope_table(cfg: ModelConfig, max_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: [max_seq, head_dim] (halves duplicated, rotate-half convention)."""
-    inv = torch.tensor(cfg.rope.inv_freq(cfg.head_dim), dtype=torch.float64)
+def rope_table(cfg: ModelConfig, max_seq: int, layer_type: str = FULL
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of ``layer_type``'s RoPE: [max_seq, rotary_dim] (halves duplicated,
+    rotate-half convention; LongRoPE's attention factor applied)."""
+    rope = cfg.layer_rope(layer_type)
+    inv = torch.tensor(rope.inv_freq(cfg.rotary_dim, max_seq), dtype=torch.float64)
     freqs = torch.outer(torch.arange(max_seq, dtype=torch.float64), inv)
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().float(), emb.sin().float()
+    return ((emb.cos() * rope.attention_factor).float(),
+            (emb.sin() * rope.attention_factor).float())
+
+
+@dataclass(frozen=True)
+class Frame:
+    """What the layers read besides the hidden states, per layer type (FULL, and SLIDING
+    where it differs): RoPE cos/sin [B, S, rotary_dim] and the additive attention mask
+    [B, 1, S, S]."""
+
+    rope: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    mask: dict[str, torch.Tensor]
+
+    def rows(self, n: int) -> Frame:
+        """The first ``n`` rows."""
+        return Frame({k: (c[:n], s[:n]) for k, (c, s) in self.rope.items()},
+                     {k: m[:n] for k, m in self.mask.items()})
 
 
 FP8_MAX = 448.0
@@ -63,6 +98,21 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x2, x1], dim=-1)
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the first ``cos.shape[-1]`` channels of ``x`` [..., D]; the rest pass."""
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    xr, xp = x[..., :rot], x[..., rot:]
+    return torch.cat([xr * cos + rotate_half(xr) * sin, xp], dim=-1)
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -72,13 +122,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        norm = cfg.rms_norm_eps, cfg.norm_offset
+        self.q_norm = RMSNorm(d, *norm) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, *norm) if cfg.qk_norm else None
         self.kv_dtype = "float32"  # attention sees K/V as the cache stores them
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
-        # x: [B, S, H]; cos/sin: [B, S, D]; mask: [B, 1, S, S] additive
+        # x: [B, S, H]; cos/sin: [B, S, Dr]; mask: [B, 1, S, S] additive
         b, s, _ = x.shape
         d, c = self.cfg.head_dim, self.cfg
         q = self.q_proj(x).view(b, s, c.num_heads, d)
@@ -86,14 +137,14 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, s, c.num_kv_heads, d)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, S, 1, D]
-        q = q * cos + rotate_half(q) * sin
-        k = kv_round_trip(k * cos + rotate_half(k) * sin, self.kv_dtype)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, S, 1, Dr]
+        q = apply_rope(q, cos, sin)
+        k = kv_round_trip(apply_rope(k, cos, sin), self.kv_dtype)
         v = kv_round_trip(v, self.kv_dtype)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, S, D]
         k = k.repeat_interleave(c.kv_groups, dim=1)
         v = v.repeat_interleave(c.kv_groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=c.attn_scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, c.num_heads * d))
 
 
@@ -115,7 +166,8 @@ class FFNGate(nn.Module):
 
 
 class FFN(nn.Module):
-    """SwiGLU feed-forward with a named place for a skip gate (``ffn_gate``).
+    """Gated feed-forward (SwiGLU, or GeGLU with ``gelu_pytorch_tanh``) with a named place
+    for a skip gate (``ffn_gate``).
 
     With a gate, tokens marked in ``gate_positions`` may skip: in eval mode the FFN output of
     a token whose gate says ``z > 0`` is dropped (the residual passes unchanged), exactly as
@@ -130,15 +182,18 @@ class FFN(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        self.act = ACTIVATIONS[cfg.activation]
         self.ffn_gate: FFNGate | None = None
         self.last_skip_prob: torch.Tensor | None = None
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
-    def forward(self, x: torch.Tensor,
-                gate_positions: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.dense(x)
+    def forward(self, x: torch.Tensor, gate_positions: torch.Tensor | None = None,
+                post: nn.Module | None = None) -> torch.Tensor:
+        """``post``: a norm on the output (Gemma's ``post_feedforward_layernorm``), applied
+        before a skipped token's output is dropped."""
+        out = self.dense(x) if post is None else post(self.dense(x))
         if self.ffn_gate is None or gate_positions is None:
             return out
         z = self.ffn_gate(x)                                            # [B, S]
@@ -152,25 +207,45 @@ class FFN(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """One decoder layer. Two norms (pre-attention, pre-FFN: ``post_attention_layernorm``)
+    or, with ``cfg.sandwich_norms`` (Gemma), four: the attention output is normalized by
+    ``post_attention_layernorm`` and the FFN's by ``post_feedforward_layernorm`` before
+    their residual adds, and ``pre_feedforward_layernorm`` is the FFN's input norm."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        norm = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
+        self.layer_type = cfg.layer_type(layer)
+        self.input_layernorm = RMSNorm(*norm)
         self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(*norm)
+        self.pre_feedforward_layernorm = RMSNorm(*norm) if cfg.sandwich_norms else None
+        self.post_feedforward_layernorm = RMSNorm(*norm) if cfg.sandwich_norms else None
         self.mlp = FFN(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor, gate_positions: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
-        return x + self.mlp(self.post_attention_layernorm(x), gate_positions)
+    @property
+    def ffn_norm(self) -> RMSNorm:
+        """The norm the FFN reads its input from."""
+        pre = self.pre_feedforward_layernorm
+        return self.post_attention_layernorm if pre is None else pre
+
+    def forward(self, x: torch.Tensor, frame: Frame,
+                gate_positions: torch.Tensor | None = None) -> torch.Tensor:
+        cos, sin = frame.rope.get(self.layer_type, frame.rope[FULL])
+        mask = frame.mask.get(self.layer_type, frame.mask[FULL])
+        a = self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        if self.pre_feedforward_layernorm is not None:
+            a = self.post_attention_layernorm(a)
+        x = x + a
+        return x + self.mlp(self.ffn_norm(x), gate_positions, self.post_feedforward_layernorm)
 
 
 class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
 
 
 class RungForCausalLM(nn.Module):
@@ -184,9 +259,7 @@ class RungForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        cos, sin = rope_table(cfg, max_seq)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.rope = {kind: rope_table(cfg, max_seq, kind) for kind in cfg.rope_kinds}
 
     def set_kv_dtype(self, kv_dtype: str) -> None:
         """Make attention see K/V rounded as a ``kv_dtype`` cache stores them."""
@@ -231,31 +304,44 @@ class RungForCausalLM(nn.Module):
         b, s = input_ids.shape
         if s > self.max_seq:
             raise ValueError(f"sequence of {s} tokens exceeds max_seq {self.max_seq}")
-        pos = torch.arange(s, device=input_ids.device).expand(b, s)
-        cos, sin = self.rope_cos[pos], self.rope_sin[pos]
-        allowed = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
-        allowed = allowed.expand(b, 1, s, s)
-        if attention_mask is not None:
-            allowed = allowed & attention_mask.bool()[:, None, None, :]
-        mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(
-            ~allowed, float("-inf"))
-        x = self.model.embed_tokens(input_ids)
-        return self.forward_from(x, 0, cos, sin, mask, gate_positions)
+        frame = self.frame(b, s, attention_mask)
+        return self.forward_from(self.embed(input_ids), 0, frame, gate_positions)
 
-    def forward_from(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
-                     mask: torch.Tensor,
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Hidden states [B, S, H] entering the first layer."""
+        x = self.model.embed_tokens(input_ids)
+        if self.cfg.embed_scale != 1.0:  # Gemma: sqrt(hidden), rounded to float32 first
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        return x
+
+    def forward_from(self, x: torch.Tensor, start: int, frame: Frame,
                      gate_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Layers ``start..`` and the head on the hidden states ``x`` [B, S, H] that enter
         layer ``start`` (calibration reruns the tail of the model after changing one layer);
-        ``cos``/``sin``/``mask`` as ``forward`` builds them."""
+        ``frame`` as ``frame()`` builds it."""
         for layer in self.model.layers[start:]:
-            x = layer(x, cos, sin, mask, gate_positions)
-        return self.lm_head(self.model.norm(x)).float()
+            x = layer(x, frame, gate_positions)
+        logits = self.lm_head(self.model.norm(x)).float()
+        cap = self.cfg.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def rope_and_mask(self, b: int, s: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """cos, sin [B, S, D] and the additive causal mask [B, 1, S, S] of ``forward``."""
-        pos = torch.arange(s).expand(b, s)
-        allowed = torch.ones(s, s, dtype=torch.bool).tril().expand(b, 1, s, s)
-        mask = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(
-            ~allowed, float("-inf"))
-        return self.rope_cos[pos], self.rope_sin[pos], mask
+    def frame(self, b: int, s: int, attention_mask: torch.Tensor | None = None) -> Frame:
+        """RoPE and additive masks for ``b`` rows of ``s`` tokens from position 0; masked
+        keys: the future, beyond a sliding layer's window, padding (``attention_mask`` [B, S]
+        0)."""
+        pos = torch.arange(s)
+        rope = {kind: (cos[pos].expand(b, s, -1), sin[pos].expand(b, s, -1))
+                for kind, (cos, sin) in self.rope.items()}
+        causal = pos[None, :] <= pos[:, None]                                    # [S, S]
+        allowed = {FULL: causal}
+        window = self.cfg.sliding_window
+        if window is not None and SLIDING in self.cfg.layer_types:
+            allowed[SLIDING] = causal & (pos[None, :] > pos[:, None] - window)
+        masks = {}
+        for kind, ok in allowed.items():
+            ok = ok.expand(b, 1, s, s)
+            if attention_mask is not None:
+                ok = ok & attention_mask.bool()[:, None, None, :]
+            masks[kind] = torch.zeros(ok.shape, dtype=torch.float32).masked_fill(
+                ~ok, float("-inf"))
+        return Frame(rope, masks)

@@ -17,11 +17,18 @@ nodes per layer instead of about fifty:
   so int8/int4 weights are one ``MatMulNBits`` each; fp32 weights stay [out, in] under
   ``FusedMatMul(transB=1)`` (``project``).
 
-Qwen3's per-head q/k norms run as ``SimplifiedLayerNormalization`` before the kernel (its
-CPU kernel does not take ``q_norm_weight``); the kernel's rotary then follows the norm as
-in the model. FFN gates (``--ffn-skip``) wrap the FFN in the same ``If`` as the generic
-graph, with zeros for a skipped FFN, so that a gate that never skips computes exactly what
-the ungated graph does.
+Qwen3's and Gemma 3's per-head q/k norms run as ``SimplifiedLayerNormalization`` before
+the kernel (its CPU kernel does not take ``q_norm_weight``); the kernel's rotary then
+follows the norm as in the model. The kernel also takes what other families need: a
+sliding window (``local_window_size``), an attention scale of its own (``scale``,
+Gemma's ``query_pre_attn_scalar``), partial rotary (a RoPE cache narrower than the head:
+``rotary_dim / 2`` must be a multiple of 8, ``fused_refusal``), and a second RoPE cache for
+Gemma 3's sliding layers. Gemma's extra norms (attention and FFN outputs normalized before
+their residual adds) are ``SimplifiedLayerNormalization`` of their own.
+
+FFN gates (``--ffn-skip``) wrap the FFN in the same ``If`` as the generic graph, with zeros
+for a skipped FFN, so that a gate that never skips computes exactly what the ungated graph
+does.
 """
 
 from __future__ import annotations
@@ -32,16 +39,21 @@ import torch
 from onnx import TensorProto, helper
 
 from rung.engines.manifest import TensorSpec
-from rung.export.model import RungForCausalLM, rope_table
+from rung.export.arch import FULL, ModelConfig
+from rung.export.model import RMSNorm, RungForCausalLM
 from rung.export.onnx_graph import (
     IR_VERSION,
     KV_ONNX,
     OPSET,
+    ROPE_NAMES,
     Builder,
     _np,
     _value_info,
+    activation,
+    embed,
     gated_ffn,
     lm_logits,
+    rope_tables,
     step_specs,
 )
 
@@ -82,26 +94,27 @@ def linear(g: Builder, x: str, mod: torch.nn.Linear, name: str, dot: bool) -> st
     return packed_linear(g, x, [mod], name, dot)
 
 
-def norm(g: Builder, x: str, weight: torch.Tensor, eps: float, name: str) -> str:
-    return g.op("SimplifiedLayerNormalization", x, g.init(f"{name}.weight", _np(weight)),
-                axis=-1, epsilon=eps, stash_type=1)
+def norm(g: Builder, x: str, mod: RMSNorm, name: str) -> str:
+    return g.op("SimplifiedLayerNormalization", x, g.init(f"{name}.weight", _np(mod.gain())),
+                axis=-1, epsilon=mod.eps, stash_type=1)
 
 
-def skip_norm(g: Builder, x: str, residual: str, weight: torch.Tensor, eps: float,
+def skip_norm(g: Builder, x: str, residual: str, mod: RMSNorm,
               name: str) -> tuple[str, str]:
     """RMSNorm of ``x + residual``; returns (normalized, the sum: the new residual)."""
     out, total = g.fresh("skipnorm"), g.fresh("residual")
     g.nodes.append(helper.make_node(
-        "SkipSimplifiedLayerNormalization", [x, residual, g.init(f"{name}.weight", _np(weight))],
+        "SkipSimplifiedLayerNormalization",
+        [x, residual, g.init(f"{name}.weight", _np(mod.gain()))],
         [out, "", "", total], name=g.fresh("n_SkipSimplifiedLayerNormalization"), domain=MS,
-        epsilon=eps))
+        epsilon=mod.eps))
     return out, total
 
 
-def head_norm(g: Builder, x: str, heads: int, d: int, mod: torch.nn.Module, name: str) -> str:
-    """Per-head RMSNorm of ``x`` [B, S, heads * D] (Qwen3's q_norm / k_norm)."""
+def head_norm(g: Builder, x: str, heads: int, d: int, mod: RMSNorm, name: str) -> str:
+    """Per-head RMSNorm of ``x`` [B, S, heads * D] (Qwen3's and Gemma's q_norm / k_norm)."""
     y = g.op("Reshape", x, g.const([0, 0, heads, d], np.int64))
-    y = norm(g, y, mod.weight, mod.eps, name)
+    y = norm(g, y, mod, name)
     return g.op("Reshape", y, g.const([0, 0, heads * d], np.int64))
 
 
@@ -125,25 +138,48 @@ def attention(g: Builder, model: RungForCausalLM, i: int, h: str, dot: bool) -> 
     if half:
         qkv_inputs = [g.op("Cast", x, to=TensorProto.FLOAT16) if x else x for x in qkv_inputs]
     out = g.fresh("attn")
+    kind = c.layer_type(i)
+    stem = ROPE_NAMES[kind if kind in c.rope_kinds else FULL]
+    extra: dict[str, object] = {}
+    window = c.window(i)
+    if window is not None:
+        # ONNX Runtime 1.32's CPU kernel lets a query see local_window_size keys, itself
+        # included: transformers' sliding_window (measured; tests/export/test_exporter.py
+        # holds both to each other with windows shorter than the sequence)
+        extra["local_window_size"] = window
+    if c.attn_scale is not None:
+        extra["scale"] = c.attn_scale
     g.nodes.append(helper.make_node(
         "GroupQueryAttention",
         [*qkv_inputs, f"past_key_{i}", f"past_value_{i}", "seqlens_k", "total_sequence_length",
-         "rope_cos", "rope_sin", "", "", "", "", "", "", "", "query_seqlens"],
+         f"{stem}_cos", f"{stem}_sin", "", "", "", "", "", "", "", "query_seqlens"],
         [out, f"present_key_{i}", f"present_value_{i}"], name=g.fresh("n_GQA"), domain=MS,
         num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=1,
-        rotary_interleaved=0))
+        rotary_interleaved=0, **extra))
     if half:
         out = g.op("Cast", out, to=TensorProto.FLOAT)
     return linear(g, out, layer.o_proj, f"{pre}.o_proj", dot)
 
 
 def ffn(g: Builder, model: RungForCausalLM, i: int, h: str, dot: bool) -> str:
-    mlp, pre = model.model.layers[i].mlp, f"layers.{i}.mlp"
+    block = model.model.layers[i]
+    mlp, pre = block.mlp, f"layers.{i}.mlp"
     width = mlp.gate_proj.weight.shape[0]
     gate_up = packed_linear(g, h, [mlp.gate_proj, mlp.up_proj], f"{pre}.gate_up_proj", dot)
     gate, up = g.ops("Split", [gate_up, g.const([width, width], np.int64)], 2, axis=-1)
-    act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
-    return linear(g, act, mlp.down_proj, f"{pre}.down_proj", dot)
+    act = g.op("Mul", activation(g, gate, model.cfg.activation), up)
+    out = linear(g, act, mlp.down_proj, f"{pre}.down_proj", dot)
+    post = block.post_feedforward_layernorm
+    return out if post is None else norm(g, out, post, f"layers.{i}.post_feedforward_layernorm")
+
+
+def fused_refusal(cfg: ModelConfig) -> str | None:
+    """Why the fused graph cannot run ``cfg`` (None: it can). The kernel's rotary takes a
+    cos/sin cache of ``rotary_dim / 2`` columns, a multiple of 8 (ONNX Runtime 1.32)."""
+    if (cfg.rotary_dim // 2) % 8:
+        return (f"GroupQueryAttention's rotary needs rotary_dim / 2 to be a multiple of 8; "
+                f"this model rotates {cfg.rotary_dim} channels")
+    return None
 
 
 def build_fused_graph(model: RungForCausalLM, dot: bool = True) -> onnx.ModelProto:
@@ -154,29 +190,35 @@ def build_fused_graph(model: RungForCausalLM, dot: bool = True) -> onnx.ModelPro
     kv = layers[0].self_attn.kv_dtype
     if kv not in FUSED_KV:
         raise ValueError(f"the fused graph keeps {', '.join(FUSED_KV)} KV, not {kv}")
+    refusal = fused_refusal(c)
+    if refusal is not None:
+        raise ValueError(refusal)
     g = Builder()
-    cos_t, sin_t = rope_table(c, model.max_seq)
-    half = c.head_dim // 2
+    half = c.rotary_dim // 2
     table = np.float16 if kv == "float16" else np.float32    # the kernel's dtype
-    g.init("rope_cos", _np(cos_t)[:, :half].astype(table))
-    g.init("rope_sin", _np(sin_t)[:, :half].astype(table))
+    for kind, (cos_t, sin_t) in rope_tables(model).items():   # [max_seq, rotary_dim / 2]
+        g.init(f"{ROPE_NAMES[kind]}_cos", cos_t[:, :half].astype(table))
+        g.init(f"{ROPE_NAMES[kind]}_sin", sin_t[:, :half].astype(table))
     single = (g.op("And", "ffn_allow_skip",
                    g.op("Equal", g.op("Size", "input_ids"), g.const(1, np.int64)))
               if model.has_ffn_gates else None)
-    x = g.op("Gather", g.init("embed_tokens.weight", _np(model.model.embed_tokens.weight)),
-             "input_ids")                                                   # [B, S, H]
+    x = embed(g, model)                                                     # [B, S, H]
     pending: str | None = None   # the last FFN's output, added to x by the next norm
     skips: list[str] = []
     for i, block in enumerate(layers):
-        eps = block.input_layernorm.eps
-        name = f"layers.{i}.input_layernorm"
+        pre = f"layers.{i}"
         if pending is None:
-            h = norm(g, x, block.input_layernorm.weight, eps, name)
+            h = norm(g, x, block.input_layernorm, f"{pre}.input_layernorm")
         else:
-            h, x = skip_norm(g, pending, x, block.input_layernorm.weight, eps, name)
-        h, x = skip_norm(g, attention(g, model, i, h, dot), x,
-                         block.post_attention_layernorm.weight, eps,
-                         f"layers.{i}.post_attention_layernorm")
+            h, x = skip_norm(g, pending, x, block.input_layernorm, f"{pre}.input_layernorm")
+        a = attention(g, model, i, h, dot)
+        if block.pre_feedforward_layernorm is not None:   # Gemma: the output normalized too
+            a = norm(g, a, block.post_attention_layernorm, f"{pre}.post_attention_layernorm")
+            h, x = skip_norm(g, a, x, block.pre_feedforward_layernorm,
+                             f"{pre}.pre_feedforward_layernorm")
+        else:
+            h, x = skip_norm(g, a, x, block.post_attention_layernorm,
+                             f"{pre}.post_attention_layernorm")
         if single is None:
             pending = ffn(g, model, i, h, dot)
         else:
@@ -186,8 +228,7 @@ def build_fused_graph(model: RungForCausalLM, dot: bool = True) -> onnx.ModelPro
     if pending is None:
         raise ValueError("the model has no layers")
     x = g.op("Add", x, pending)
-    lm_logits(g, model, x, lambda g, y: norm(g, y, model.model.norm.weight,
-                                             model.model.norm.eps, "norm"))
+    lm_logits(g, model, x, lambda g, y: norm(g, y, model.model.norm, "norm"))
     if skips:
         g.op("Concat", *skips, axis=0, out="ffn_skipped")                 # [L] bool
     inputs, outputs = fused_io_specs(model)

@@ -4,7 +4,9 @@ The graph is built directly from the PyTorch model's weights, in short functions
 block. Its I/O contract is documented in ``rung.engines.manifest``. Attention reads the past
 from the engine's buffer (``past_key_i: [P, B, Hkv, D]``) and scores past and new keys
 separately, normalizing them together in one softmax: past and new are never concatenated
-into one KV tensor, and only the new positions leave the graph.
+into one KV tensor, and only the new positions leave the graph. Sliding-window layers
+mask keys beyond their window in the same additive mask (``window``), so the engine needs
+to know nothing of it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from rung.engines.manifest import TensorSpec
-from rung.export.model import FP8_MAX, RungForCausalLM, rope_table
+from rung.export.arch import FULL, SLIDING
+from rung.export.model import FP8_MAX, RMSNorm, RungForCausalLM, rope_table
 
 OPSET = 21
 IR_VERSION = 10
@@ -69,41 +72,73 @@ def linear(g: Builder, x: str, mod: torch.nn.Linear, name: str) -> str:
     return y
 
 
-def rms_norm(g: Builder, x: str, weight: torch.Tensor, eps: float, name: str) -> str:
+def rms_norm(g: Builder, x: str, norm: RMSNorm, name: str) -> str:
     # Pow -> ReduceMean -> Add -> Sqrt -> Div -> Mul: the pattern ONNX Runtime fuses.
     ms = g.op("ReduceMean", g.op("Pow", x, g.const(2.0, np.float32)),
               g.const([-1], np.int64), keepdims=1)
-    y = g.op("Div", x, g.op("Sqrt", g.op("Add", ms, g.const(eps, np.float32))))
-    return g.op("Mul", y, g.init(f"{name}.weight", _np(weight)))
+    y = g.op("Div", x, g.op("Sqrt", g.op("Add", ms, g.const(norm.eps, np.float32))))
+    return g.op("Mul", y, g.init(f"{name}.weight", _np(norm.gain())))
 
 
-def rope(g: Builder, x: str, cos: str, sin_signed: str, half: int) -> str:
-    # x: [B, S, heads, D]; cos/sin: [B, S, 1, D]; rotate_half with the sign folded into sin
+def rope(g: Builder, x: str, cos: str, sin_signed: str, rot: int, d: int) -> str:
+    # x: [B, S, heads, D]; cos/sin: [B, S, 1, rot]; rotate_half with the sign folded into
+    # sin; channels past ``rot`` (partial rotary) pass unrotated
+    if rot < d:
+        xr, xp = g.ops("Split", [x, g.const([rot, d - rot], np.int64)], 2, axis=-1)
+        return g.op("Concat", rope(g, xr, cos, sin_signed, rot, rot), xp, axis=-1)
+    half = rot // 2
     x1, x2 = g.ops("Split", [x, g.const([half, half], np.int64)], 2, axis=-1)
     return g.op("Add", g.op("Mul", x, cos), g.op("Mul", g.op("Concat", x2, x1, axis=-1),
                                                  sin_signed))
 
 
+def activation(g: Builder, x: str, kind: str) -> str:
+    """The FFN's gate activation (``arch.ACTIVATIONS``)."""
+    if kind == "gelu_pytorch_tanh":
+        return g.op("Gelu", x, approximate="tanh")
+    return g.op("Mul", x, g.op("Sigmoid", x))                               # silu
+
+
+def rope_tables(model: RungForCausalLM) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per layer type with a RoPE of its own: its graph initializers' names stem
+    (``rope``, ``rope_local``) -> cos, sin [max_seq, rotary_dim]."""
+    return {kind: tuple(_np(t) for t in rope_table(model.cfg, model.max_seq, kind))
+            for kind in model.cfg.rope_kinds}
+
+
+ROPE_NAMES = {FULL: "rope", SLIDING: "rope_local"}   # rope_cos / rope_local_cos ...
+
+
 @dataclass(frozen=True)
 class Shared:
-    """Per-graph values every layer uses."""
+    """Per-graph values every layer uses; per layer type where layers differ."""
 
-    cos: str          # [B, S, 1, D]
-    sin: str          # [B, S, 1, D]
-    bias: str         # [B, 1, G*S, P+S] additive attention mask
+    cos: dict[str, str]   # layer type -> [B, S, 1, rotary_dim]
+    sin: dict[str, str]   # layer type -> [B, S, 1, rotary_dim]
+    bias: dict[str, str]  # layer type -> [B, 1, G*S, P+S] additive attention mask
     split_ps: str     # [2] = (P, S), splits the key axis into past and new
     single: str | None  # bool scalar: a one-token decode step of one sequence (gates may skip)
+
+    def rope(self, layer_type: str) -> tuple[str, str]:
+        kind = layer_type if layer_type in self.cos else FULL
+        return self.cos[kind], self.sin[kind]
+
+    def mask(self, layer_type: str) -> str:
+        return self.bias.get(layer_type, self.bias[FULL])
 
 
 def shared_values(g: Builder, model: RungForCausalLM) -> Shared:
     c = model.cfg
-    cos_t, sin_t = rope_table(c, model.max_seq)
-    half = c.head_dim // 2
-    sin_signed = torch.cat([-sin_t[:, :half], sin_t[:, half:]], dim=-1)
+    half = c.rotary_dim // 2
     axis2 = g.const([2], np.int64)
-    cos = g.op("Unsqueeze", g.op("Gather", g.init("rope_cos", _np(cos_t)), "position_ids"), axis2)
-    sin = g.op("Unsqueeze", g.op("Gather", g.init("rope_sin", _np(sin_signed)), "position_ids"),
-               axis2)
+    cos, sin = {}, {}
+    for kind, (cos_t, sin_t) in rope_tables(model).items():
+        stem = ROPE_NAMES[kind]
+        sin_signed = np.concatenate([-sin_t[:, :half], sin_t[:, half:]], axis=-1)
+        cos[kind] = g.op("Unsqueeze", g.op("Gather", g.init(f"{stem}_cos", cos_t),
+                                           "position_ids"), axis2)
+        sin[kind] = g.op("Unsqueeze", g.op("Gather", g.init(f"{stem}_sin", sin_signed),
+                                           "position_ids"), axis2)
     zero = g.const(0, np.int64)
     one = g.const(1, np.int64)
     p = g.op("Gather", g.op("Shape", "past_key_0"), zero, axis=0)   # scalar P
@@ -113,11 +148,15 @@ def shared_values(g: Builder, model: RungForCausalLM) -> Shared:
     in_past = g.op("Less", kpos, g.op("Unsqueeze", "past_lengths", g.const([1, 2], np.int64)))
     qpos = g.op("Unsqueeze", g.op("Range", zero, s, one), g.const([1], np.int64))  # [S, 1]
     causal = g.op("LessOrEqual", g.op("Sub", kpos, p), qpos)                      # [S, T]
-    allowed = g.op("Or", g.op("And", is_past, in_past),                           # [B, S, T]
-                   g.op("And", g.op("Not", is_past), causal))
-    bias = g.op("Where", allowed, g.const(0.0, np.float32), g.const(-np.inf, np.float32))
-    bias = g.op("Tile", g.op("Unsqueeze", bias, g.const([1], np.int64)),
-                g.const([1, 1, c.kv_groups, 1], np.int64))                        # [B,1,G*S,T]
+    allowed = {FULL: g.op("Or", g.op("And", is_past, in_past),                    # [B, S, T]
+                          g.op("And", g.op("Not", is_past), causal))}
+    if c.sliding_window is not None and SLIDING in c.layer_types:
+        allowed[SLIDING] = g.op("And", allowed[FULL], window(g, c.sliding_window, kpos, p, s))
+    bias = {}
+    for kind, ok in allowed.items():
+        b = g.op("Where", ok, g.const(0.0, np.float32), g.const(-np.inf, np.float32))
+        bias[kind] = g.op("Tile", g.op("Unsqueeze", b, g.const([1], np.int64)),
+                          g.const([1, 1, c.kv_groups, 1], np.int64))              # [B,1,G*S,T]
     split_ps = g.op("Concat", g.op("Unsqueeze", p, g.const([0], np.int64)),
                     g.op("Unsqueeze", s, g.const([0], np.int64)), axis=0)
     # gates act only where the engine says this is a decode step (ffn_allow_skip) and the
@@ -126,6 +165,20 @@ def shared_values(g: Builder, model: RungForCausalLM) -> Shared:
                    g.op("Equal", g.op("Size", "input_ids"), g.const(1, np.int64)))
               if model.has_ffn_gates else None)
     return Shared(cos, sin, bias, split_ps, single)
+
+
+def window(g: Builder, size: int, kpos: str, p: str, s: str) -> str:
+    """[B, S, T] bool: key within ``size`` positions of the query, itself included. Row b's
+    past key j sits at position j, its new key t at past_lengths[b] + t, its query at
+    past_lengths[b] + its index."""
+    plen = g.op("Unsqueeze", "past_lengths", g.const([1], np.int64))              # [B, 1]
+    qabs = g.op("Add", plen, g.op("Range", g.const(0, np.int64), s,
+                                  g.const(1, np.int64)))                          # [B, S]
+    kabs = g.op("Where", g.op("Less", kpos, p), kpos,
+                g.op("Add", plen, g.op("Sub", kpos, p)))                          # [B, T]
+    reach = g.op("Add", kabs, g.const(size, np.int64))
+    return g.op("Greater", g.op("Unsqueeze", reach, g.const([1], np.int64)),
+                g.op("Unsqueeze", qabs, g.const([2], np.int64)))
 
 
 KV_ONNX = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
@@ -171,25 +224,29 @@ def attention(g: Builder, model: RungForCausalLM, i: int, x: str, sh: Shared) ->
     v = g.op("Reshape", linear(g, x, layer.v_proj, f"{pre}.v_proj"),
              g.const([0, 0, c.num_kv_heads, d], np.int64))
     if layer.q_norm is not None and layer.k_norm is not None:
-        q = rms_norm(g, q, layer.q_norm.weight, layer.q_norm.eps, f"{pre}.q_norm")
-        k = rms_norm(g, k, layer.k_norm.weight, layer.k_norm.eps, f"{pre}.k_norm")
-    q = rope(g, q, sh.cos, sh.sin, d // 2)
-    k = rope(g, k, sh.cos, sh.sin, d // 2)
+        q = rms_norm(g, q, layer.q_norm, f"{pre}.q_norm")
+        k = rms_norm(g, k, layer.k_norm, f"{pre}.k_norm")
+    kind = c.layer_type(i)
+    cos, sin = sh.rope(kind)
+    q = rope(g, q, cos, sin, c.rotary_dim, d)
+    k = rope(g, k, cos, sin, c.rotary_dim, d)
     # store path: [S, B, Hkv, D] in the cache dtype; attention reads new and past alike,
     # as the cache gives them back
     new_k = kv_store(g, g.op("Transpose", k, perm=[1, 0, 2, 3]), kv, f"new_key_{i}")
     new_v = kv_store(g, g.op("Transpose", v, perm=[1, 0, 2, 3]), kv, f"new_value_{i}")
-    # queries grouped by kv head: [B, Hkv, G*S, D], pre-scaled by 1/sqrt(D)
+    # queries grouped by kv head: [B, Hkv, G*S, D], pre-scaled by 1/sqrt(D) (or the
+    # family's own scale)
     q = g.op("Reshape", q, g.const([0, 0, c.num_kv_heads, groups, d], np.int64))
     q = g.op("Transpose", q, perm=[0, 2, 3, 1, 4])
+    scale = c.attn_scale if c.attn_scale is not None else 1.0 / math.sqrt(d)
     q = g.op("Mul", g.op("Reshape", q, g.const([0, 0, -1, d], np.int64)),
-             g.const(1.0 / math.sqrt(d), np.float32))
+             g.const(scale, np.float32))
     past_k = g.op("Transpose", kv_load(g, f"past_key_{i}", kv), perm=[1, 2, 3, 0])
     past_v = g.op("Transpose", kv_load(g, f"past_value_{i}", kv), perm=[1, 2, 0, 3])
     new_k = g.op("Transpose", new_k, perm=[1, 2, 3, 0])                     # [B, Hkv, D, S]
     new_v = g.op("Transpose", new_v, perm=[1, 2, 0, 3])                     # [B, Hkv, S, D]
     scores = g.op("Concat", g.op("MatMul", q, past_k), g.op("MatMul", q, new_k), axis=3)
-    probs = g.op("Softmax", g.op("Add", scores, sh.bias), axis=-1)         # [B, Hkv, G*S, T]
+    probs = g.op("Softmax", g.op("Add", scores, sh.mask(kind)), axis=-1)   # [B, Hkv, G*S, T]
     p_past, p_new = g.ops("Split", [probs, sh.split_ps], 2, axis=3)
     out = g.op("Add", g.op("MatMul", p_past, past_v), g.op("MatMul", p_new, new_v))
     out = g.op("Reshape", out, g.const([0, 0, groups, -1, d], np.int64))   # [B, Hkv, G, S, D]
@@ -199,11 +256,15 @@ def attention(g: Builder, model: RungForCausalLM, i: int, x: str, sh: Shared) ->
 
 
 def ffn(g: Builder, model: RungForCausalLM, i: int, x: str) -> str:
-    mlp, pre = model.model.layers[i].mlp, f"layers.{i}.mlp"
+    block = model.model.layers[i]
+    mlp, pre = block.mlp, f"layers.{i}.mlp"
     gate = linear(g, x, mlp.gate_proj, f"{pre}.gate_proj")
     up = linear(g, x, mlp.up_proj, f"{pre}.up_proj")
-    act = g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
-    return linear(g, act, mlp.down_proj, f"{pre}.down_proj")
+    act = g.op("Mul", activation(g, gate, model.cfg.activation), up)
+    out = linear(g, act, mlp.down_proj, f"{pre}.down_proj")
+    post = block.post_feedforward_layernorm
+    return out if post is None else rms_norm(g, out, post,
+                                             f"layers.{i}.post_feedforward_layernorm")
 
 
 FFN = Callable[[Builder, RungForCausalLM, int, str], str]
@@ -242,11 +303,16 @@ def gated_ffn(g: Builder, model: RungForCausalLM, i: int, x: str | None, h: str,
 
 def decoder_layer(g: Builder, model: RungForCausalLM, i: int, x: str, sh: Shared,
                   skips: list[str]) -> str:
-    block, eps = model.model.layers[i], model.model.layers[i].input_layernorm.eps
-    h = rms_norm(g, x, block.input_layernorm.weight, eps, f"layers.{i}.input_layernorm")
-    x = g.op("Add", x, attention(g, model, i, h, sh))
-    h = rms_norm(g, x, block.post_attention_layernorm.weight, eps,
-                 f"layers.{i}.post_attention_layernorm")
+    block, pre = model.model.layers[i], f"layers.{i}"
+    h = rms_norm(g, x, block.input_layernorm, f"{pre}.input_layernorm")
+    a = attention(g, model, i, h, sh)
+    if block.pre_feedforward_layernorm is not None:   # Gemma: the output normalized too
+        a = rms_norm(g, a, block.post_attention_layernorm, f"{pre}.post_attention_layernorm")
+        h_name = f"{pre}.pre_feedforward_layernorm"
+    else:
+        h_name = f"{pre}.post_attention_layernorm"
+    x = g.op("Add", x, a)
+    h = rms_norm(g, x, block.ffn_norm, h_name)
     if sh.single is None:
         return g.op("Add", x, ffn(g, model, i, h))
     x, skipped = gated_ffn(g, model, i, x, h, sh.single)
@@ -255,8 +321,16 @@ def decoder_layer(g: Builder, model: RungForCausalLM, i: int, x: str, sh: Shared
 
 
 def lm_head(g: Builder, model: RungForCausalLM, x: str) -> str:
-    return lm_logits(g, model, x, lambda g, y: rms_norm(g, y, model.model.norm.weight,
-                                                        model.model.norm.eps, "norm"))
+    return lm_logits(g, model, x, lambda g, y: rms_norm(g, y, model.model.norm, "norm"))
+
+
+def embed(g: Builder, model: RungForCausalLM) -> str:
+    """Hidden states [B, S, H] of ``input_ids``: the embedding table's rows, times the
+    family's embedding scale."""
+    x = g.op("Gather", g.init("embed_tokens.weight", _np(model.model.embed_tokens.weight)),
+             "input_ids")
+    scale = model.cfg.embed_scale
+    return x if scale == 1.0 else g.op("Mul", x, g.const(scale, np.float32))
 
 
 def lm_logits(g: Builder, model: RungForCausalLM, x: str,
@@ -274,6 +348,10 @@ def lm_logits(g: Builder, model: RungForCausalLM, x: str,
             else g.init("lm_head.weight", _np(model.lm_head.weight)))      # [V, H]
     flat = g.op("Reshape", x, g.const([-1, c.hidden_size], np.int64))
     logits = g.op("Gemm", flat, head, transB=1)
+    cap = c.final_logit_softcap
+    if cap is not None:                                   # cap * tanh(logits / cap)
+        logits = g.op("Mul", g.op("Tanh", g.op("Div", logits, g.const(cap, np.float32))),
+                      g.const(cap, np.float32))
     return g.op("Reshape", logits, g.op("Concat", idx_shape, g.const([c.vocab_size], np.int64),
                                         axis=0), out="logits")
 
@@ -321,8 +399,7 @@ def build_graph(model: RungForCausalLM) -> onnx.ModelProto:
     """The fp32 decoder graph for ``model`` (weights as initializers)."""
     g = Builder()
     sh = shared_values(g, model)
-    x = g.op("Gather", g.init("embed_tokens.weight", _np(model.model.embed_tokens.weight)),
-             "input_ids")                                                   # [B, S, H]
+    x = embed(g, model)                                                     # [B, S, H]
     skips: list[str] = []
     for i in range(model.cfg.num_layers):
         x = decoder_layer(g, model, i, x, sh, skips)

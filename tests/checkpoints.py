@@ -6,6 +6,7 @@ checkpoint directory looks. No download anywhere.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,25 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True,
                                                       rope_theta=1000000.0)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True, head_dim=32)),
+    # a sliding (local) layer and a full (global) one, a window shorter than the test
+    # prompts, each with its own RoPE (the global one scaled), Gemma's attention scale and
+    # final logit soft-capping
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        tie_word_embeddings=True, head_dim=16, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24,
+        rope_theta=100000.0, rope_local_base_freq=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 2.0}, final_logit_softcapping=30.0)),
+    # Phi-4-mini's partial rotary (0.75 of a 64-wide head), LongRoPE with an original
+    # context of the engines' max_seq (short factors, attention factor of a 2x context), a
+    # window shorter than the test prompts; twice the others' width at half their weight
+    # scale (0.2 leaves int8 kernels' activation rounding over the int+fp8 bound)
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        initializer_range=0.1, tie_word_embeddings=False, hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1, partial_rotary_factor=0.75, sliding_window=24,
+        original_max_position_embeddings=128,
+        rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(24)],
+                      "long_factor": [1.0 + 0.5 * i for i in range(24)]})),
 }
 
 
@@ -38,11 +58,18 @@ def build_hf_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
     import transformers
 
     cfg_name, model_name, extra = CASES[arch]
-    cfg = getattr(transformers, cfg_name)(**{**COMMON, **extra, **overrides})
+    # a copy: config classes keep and complete the RoPE dicts they are given (Phi-3 writes
+    # its original context into rope_scaling), which would leak into the next model
+    cfg = getattr(transformers, cfg_name)(**copy.deepcopy({**COMMON, **extra, **overrides}))
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(cfg).eval()
     if arch == "qwen2":
         add_key_bias_outliers(model)
+    if arch == "gemma3":  # its norms start at 0 (scale 1 + w): give them something to scale
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.normal_(0.0, 0.3)
     return model
 
 

@@ -121,3 +121,34 @@ def test_missing_shard(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path)
 def test_not_a_directory(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="not a directory"):
         load_checkpoint(tmp_path / "nope")
+
+
+def test_phi3_packed_projections_split_on_load(
+        checkpoints: dict[str, tuple[Path, Any]]) -> None:
+    path, hf = checkpoints["phi3"]
+    ours = load_checkpoint(path, max_seq=64).model.model.layers[1]
+    theirs = hf.model.layers[1]
+    a = ours.self_attn
+    assert torch.equal(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                       theirs.self_attn.qkv_proj.weight)
+    assert torch.equal(torch.cat([ours.mlp.gate_proj.weight, ours.mlp.up_proj.weight]),
+                       theirs.mlp.gate_up_proj.weight)
+
+
+def test_packed_rows_must_match_the_config(checkpoints: dict[str, tuple[Path, Any]],
+                                           tmp_path: Path) -> None:
+    shutil.copytree(checkpoints["phi3"][0], tmp_path / "hf")
+    _edit_config(tmp_path / "hf", intermediate_size=96)
+    with pytest.raises(CheckpointError, match=r"gate_up_proj\.weight' has 256 rows, "
+                                              r"config\.json implies 192 \(96 \+ 96\)"):
+        load_checkpoint(tmp_path / "hf")
+
+
+def test_gemma3_norms_scale_by_one_plus_weight(
+        checkpoints: dict[str, tuple[Path, Any]]) -> None:
+    path, hf = checkpoints["gemma3"]
+    model = load_checkpoint(path, max_seq=64).model
+    # the checkpoint's value is kept; the norm applies 1 + it
+    assert torch.equal(model.model.norm.weight, hf.model.norm.weight)
+    assert torch.equal(model.model.norm.gain(), 1.0 + hf.model.norm.weight)
+    assert model.model.layers[0].pre_feedforward_layernorm is not None

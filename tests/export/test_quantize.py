@@ -19,7 +19,7 @@ from rung.engines.errors import ExportError
 from rung.engines.manifest import load_manifest
 from rung.engines.tokenizer import Tokenizer
 from rung.export.exporter import ExportOptions, export
-from rung.export.quantize import count_ops, dequantized_linears, graphs
+from rung.export.quantize import count_ops, dequantized_linears, dequantized_weights, graphs
 from rung.export.verify import logit_metrics
 from tests.checkpoints import CASES
 
@@ -112,13 +112,38 @@ def test_logits_close_to_transformers(case: tuple[str, str, str],
     # transformers itself, holding the weights the graph holds: the graph is that model
     deq = copy.deepcopy(hf)
     deq.lm_head.weight = torch.nn.Parameter(deq.lm_head.weight.detach().clone())  # untie
+    proto = _graph(quantized[case], data=True)
     with torch.no_grad():
-        for _, module, w, _ in dequantized_linears(_graph(quantized[case], data=True), deq):
-            module.weight.copy_(torch.from_numpy(w))
+        if arch == "phi3":  # transformers' Phi-3 keeps q/k/v and gate/up packed
+            for name, w, _ in dequantized_weights(proto):
+                _phi3_weight(deq, name).copy_(torch.from_numpy(w))
+        else:
+            for _, module, w, _ in dequantized_linears(proto, deq):
+                module.weight.copy_(torch.from_numpy(w))
     tight = logit_metrics(_hf_logits(deq, ids), mine)
     assert tight["mean_kl"] < AGAINST_DEQUANTIZED[0], tight
     assert tight["greedy_agreement"] >= AGAINST_DEQUANTIZED[1], tight
     assert tight["mean_kl"] < loose["mean_kl"]
+
+
+def _phi3_weight(hf: Any, name: str) -> torch.Tensor:
+    """The weight of ``name`` (``layers.0.self_attn.q_proj``, ``lm_head``) in transformers'
+    Phi-3: a projection's rows of its packed ``qkv_proj`` / ``gate_up_proj``."""
+    path = name if name == "lm_head" else f"model.{name}"
+    stem, _, leaf = path.rpartition(".")
+    c = hf.config
+    q = c.hidden_size                                       # heads x head_dim
+    kv = c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
+    ff = c.intermediate_size
+    rows = {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv),
+            "v_proj": ("qkv_proj", q + kv, kv), "gate_proj": ("gate_up_proj", 0, ff),
+            "up_proj": ("gate_up_proj", ff, ff)}
+    if leaf not in rows:
+        weight: torch.Tensor = hf.get_submodule(path).weight
+        return weight
+    packed, start, n = rows[leaf]
+    out: torch.Tensor = hf.get_submodule(f"{stem}.{packed}").weight[start:start + n]
+    return out
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
