@@ -170,7 +170,7 @@ class Scheduler:
                 if self.on_start is not None:
                     self.on_start(req)
             except Exception:   # bookkeeping must not keep a request from running
-                log.exception("recording the start of request %d failed", req.seq)
+                log.exception("recording the start of %s failed", req.ref)
             joining.append(req)
         return joining
 
@@ -182,7 +182,7 @@ class Scheduler:
             try:
                 res = self._start(req)
             except Exception as e:   # this request's failure, not the loop's
-                log.exception("request %d failed before generation", req.seq)
+                log.exception("%s failed before generation", req.ref)
                 res = _internal(req, e)
             if res is not None:
                 results.append((req, res))
@@ -210,7 +210,7 @@ class Scheduler:
             tag = next(self._tags)
             self.decoder.add(tag, again.ids, again.params, again.constraint)
         except Exception:
-            log.exception("request %d: the retry could not start", req.seq)
+            log.exception("%s: the retry could not start", req.ref)
             return False
         self._inflight[tag] = (req, again)
         return True
@@ -251,7 +251,7 @@ class Scheduler:
         try:
             self.observe(answer)
         except Exception:   # a failed observer must not stop the engine loop
-            log.exception("observing the answer to request %d failed", answer.request.seq)
+            log.exception("observing the answer to %s failed", answer.request.ref)
 
     def liveness(self) -> str | None:
         """None when healthy, else why not (for the systemd watchdog)."""

@@ -147,8 +147,9 @@ class Diagnoser:
         """Run one task request through the shared queue, wait for its answer; the err
         code it means for the PLC."""
         now = time.time()
-        req = Request(seq=0, task=task, input=data, received=now,
-                      deadline=now + self.timeout_s, session=f"plc:{self.plc.id}")
+        req = Request(task=task, input=data, received=now, deadline=now + self.timeout_s,
+                      ref=f"PLC {self.plc.id} request {job.req_seq} ({task})",
+                      session=f"plc:{self.plc.id}")
         future = self.submit(req)
         if future is None:
             job.answers[task] = Answer(req, False, "busy", "queue full")

@@ -2,9 +2,11 @@
 
 A request message is recorded in the journal before the link acknowledges it
 (``on_message``), then parsed at the edge (``requests.parse``) and routed: a ``Failure`` is
-answered at once, a ``Request`` goes to the scheduler, whose future brings the answer back
-here to be recorded and published by the outbox. A message the journal cannot hold (a full
-or failing ``state_dir``) is answered ``unavailable`` from memory; a duplicate is dropped.
+answered at once; an ``MqttRequest`` hands its ``Request`` to the scheduler and keeps the
+rest here (journal row, reply address, answer forms) until the scheduler's future brings
+the answer back, to be recorded and published by the outbox. A message the journal cannot
+hold (a full or failing ``state_dir``) is answered ``unavailable`` from memory; a duplicate
+is dropped.
 
 After a restart ``recover`` routes what the journal still holds pending; one the daemon
 died on ``journal.max_attempts`` times is quarantined (answered ``internal``, never run
@@ -18,6 +20,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from rung.daemon.config import Config
@@ -25,7 +28,8 @@ from rung.daemon.metrics import Metrics
 from rung.daemon.mqtt import requests as rq
 from rung.daemon.mqtt.journal import Entry, Incoming, Journal, JournalError
 from rung.daemon.mqtt.outbox import Outbox
-from rung.daemon.request import Address, Request
+from rung.daemon.mqtt.requests import Address, MqttRequest
+from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.engines.errors import RungError
 
@@ -48,6 +52,8 @@ class MqttIntake:
         self.cfg, self.tasks, self.journal = cfg, tasks, journal
         self.scheduler, self.outbox, self.metrics = scheduler, outbox, metrics
         self.holding = False
+        # the requests with the scheduler, by id(request): their journal rows for ``started``
+        self._open: dict[int, MqttRequest] = {}
 
     # -- intake --------------------------------------------------------------------------
 
@@ -88,10 +94,11 @@ class MqttIntake:
     def started(self, req: Request) -> None:
         """The scheduler's ``on_start``: count the attempt before the model starts (a
         poison message is recognised after a restart)."""
-        if req.reply is None or req.seq <= 0:
-            return   # Modbus jobs live in the PLC's registers, not in the journal
+        m = self._open.get(id(req))
+        if m is None:
+            return   # not from here: Modbus jobs live in the PLC's registers
         try:
-            self.journal.started(req.seq)
+            self.journal.started(m.seq)
         except JournalError:
             self.metrics.set_storage(False)
 
@@ -128,37 +135,44 @@ class MqttIntake:
 
     def _route(self, entry: Entry, recovered: bool) -> None:
         mq = self.cfg.mqtt
-        req = rq.parse(entry, mq.base_topic, mq.client_id, self.tasks, mq.max_payload_bytes,
-                       self.cfg.queue.request_timeout_s)
+        parsed = rq.parse(entry, mq.base_topic, mq.client_id, self.tasks,
+                          mq.max_payload_bytes, self.cfg.queue.request_timeout_s)
         if recovered and entry.attempts >= self.cfg.journal.max_attempts:
-            self._quarantine(entry, req)
+            self._quarantine(entry, parsed)
             return
-        if isinstance(req, rq.Failure):
-            self.outbox.answer_error(req.seq, req.reply, req.task, req.code, req.message,
-                                     entry.received)
-            self.metrics.observe_request(req.task if req.task in self.tasks else None,
-                                         req.code, total_s=time.time() - entry.received)
-        elif self.holding:
-            pass   # stays pending: handed over to the group, or run after the restart
-        elif (future := self.scheduler.submit(req, recovered)) is not None:
-            future.add_done_callback(self._answered)
-        else:
-            self._answer(Answer(req, False, "busy", f"queue full "
-                               f"({self.cfg.queue.max_pending} pending); retry later"))
-            self.metrics.observe_request(req.task, "busy",
-                                         total_s=time.time() - req.received)
+        if isinstance(parsed, rq.Failure):
+            self.outbox.answer_error(parsed.seq, parsed.reply, parsed.task, parsed.code,
+                                     parsed.message, entry.received)
+            self.metrics.observe_request(parsed.task if parsed.task in self.tasks else None,
+                                         parsed.code, total_s=time.time() - entry.received)
+        elif not self.holding:   # holding: stays pending (handed over, or run after restart)
+            self._submit(parsed, recovered)
         self.metrics.set_queue(self.scheduler.depth, self.scheduler.inflight)
 
-    def _quarantine(self, entry: Entry, req: Request | rq.Failure) -> None:
+    def _submit(self, m: MqttRequest, recovered: bool) -> None:
+        """Hand the request to the scheduler, or answer ``busy``. One taken is kept in
+        ``_open`` until answered; the scheduler starts it from the event loop, after this
+        returns, so ``started`` finds it."""
+        req = m.request
+        future = self.scheduler.submit(req, recovered)
+        if future is None:
+            self._answer(m, Answer(req, False, "busy", f"queue full "
+                                   f"({self.cfg.queue.max_pending} pending); retry later"))
+            self.metrics.observe_request(req.task, "busy", total_s=time.time() - req.received)
+            return
+        self._open[id(req)] = m
+        future.add_done_callback(partial(self._answered, m))
+
+    def _quarantine(self, entry: Entry, parsed: MqttRequest | rq.Failure) -> None:
         """A request the daemon died on ``attempts`` times: answered, never run again."""
         why = (f"quarantined: the daemon stopped {entry.attempts} times while this request "
                f"was in flight (journal.max_attempts = {self.cfg.journal.max_attempts}); "
                "it is not run again")
         log.error("request %d %s", entry.seq, why)
         self.metrics.quarantined.inc()
-        task = req.task if isinstance(req, Request) else None
-        self.outbox.answer_error(entry.seq, req.reply or self._reply(entry), task, "internal",
-                                 why, entry.received, note=why)
+        task = parsed.request.task if isinstance(parsed, MqttRequest) else None
+        self.outbox.answer_error(entry.seq, parsed.reply, task, "internal", why,
+                                 entry.received, note=why)
         self.metrics.observe_request(task, "internal", total_s=time.time() - entry.received)
 
     def _reply(self, entry: Entry, peek: bool = False) -> Address:
@@ -170,22 +184,22 @@ class MqttIntake:
 
     # -- answers -------------------------------------------------------------------------
 
-    def _answered(self, future: asyncio.Future[Answer]) -> None:
-        self._answer(future.result())
+    def _answered(self, m: MqttRequest, future: asyncio.Future[Answer]) -> None:
+        self._open.pop(id(m.request), None)
+        self._answer(m, future.result())
 
-    def _answer(self, a: Answer) -> None:
+    def _answer(self, m: MqttRequest, a: Answer) -> None:
         """An MQTT request's answer: recorded, then published by the outbox."""
-        req = a.request
-        assert req.reply is not None   # every MQTT request has its reply address
+        req = m.request
         usage = {k: a.usage.get(k) for k in USAGE_KEYS if k in a.usage or k in USAGE_CORE}
         usage["total_ms"] = round((time.time() - req.received) * 1000, 1)
         if a.ok:
-            payload = rq.ok_response(req.reply, req.task, a.output, a.validation, usage,
+            payload = rq.ok_response(m.reply, req.task, a.output, a.validation, usage,
                                      {"attempts": a.attempts,
-                                      **(self._formats(req, a.output) or {})})
-            self.outbox.record(req.seq, req.reply, payload)
+                                      **(self._formats(m, a.output) or {})})
+            self.outbox.record(m.seq, m.reply, payload)
             log.info("answered", extra={"rung_fields": {
-                "seq": req.seq, "task": req.task, "ok": True, "id": req.reply.id,
+                "seq": m.seq, "task": req.task, "ok": True, "id": m.reply.id,
                 "session": req.session, **usage}})
             return
         # an answer that failed a semantic check comes with the output and the validation,
@@ -195,12 +209,12 @@ class MqttIntake:
         if a.usage:   # it reached the model (truncated, invalid_output, internal)
             extra["usage"] = usage
             extra["attempts"] = a.attempts
-        self.outbox.answer_error(req.seq, req.reply, req.task, a.code or "internal",
+        self.outbox.answer_error(m.seq, m.reply, req.task, a.code or "internal",
                                  a.message, req.received, extra, req.session)
 
-    def _formats(self, req: Request, output: Any) -> dict[str, Any] | None:
+    def _formats(self, m: MqttRequest, output: Any) -> dict[str, Any] | None:
         """The extra forms of an answer the request asked for (``output_formats``)."""
-        if "plcopen_xml" not in req.output_formats:
+        if "plcopen_xml" not in m.output_formats:
             return None
         from rung.daemon.plant.plcopen import to_plcopen_xml
 

@@ -21,8 +21,8 @@ from rung.daemon.metrics import Metrics
 from rung.daemon.mqtt import requests as rq
 from rung.daemon.mqtt.journal import Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
+from rung.daemon.mqtt.requests import Address
 from rung.daemon.mqtt.topics import topic_problem
-from rung.daemon.request import Address
 
 log = logging.getLogger("rung.serve")
 PUBLISH_ATTEMPTS = 3   # publishes of one answer that end the connection before it is dropped

@@ -1,6 +1,7 @@
-"""Parse request messages at the edge into typed ``Request`` objects, and build responses.
+"""Parse request messages at the edge into typed requests, and build responses.
 
-A recorded message (``journal.Entry``) becomes either a ``Request`` or a ``Failure`` that
+A recorded message (``journal.Entry``) becomes either an ``MqttRequest`` (the scheduler's
+``Request`` with its journal row, reply address and answer forms) or a ``Failure`` that
 already knows where to send its error: nothing raw travels past this module. The reply
 address is resolved in this order: MQTT v5 Response Topic, the payload's ``reply_to``,
 then ``{base}/res/{client}`` with the payload's ``client`` or, without one, rung's own
@@ -17,7 +18,7 @@ from typing import Any
 
 from rung.daemon.mqtt.journal import Entry
 from rung.daemon.mqtt.topics import surrogate_path, text_problem, topic_problem
-from rung.daemon.request import Address, Request
+from rung.daemon.request import Request
 
 _FIELDS = {"input", "id", "reply_to", "client", "session", "max_tokens", "temperature",
            "seed", "top_p", "top_k", "output_formats"}
@@ -25,6 +26,26 @@ _FIELDS = {"input", "id", "reply_to", "client", "session", "max_tokens", "temper
 OUTPUT_FORMATS = {"plcopen_xml": "st"}
 _MAX_ID = 256
 _MAX_MESSAGE = 500
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where and how to answer."""
+
+    topic: str
+    correlation: bytes | None
+    id: str | None
+
+
+@dataclass(frozen=True)
+class MqttRequest:
+    """A parsed request message: the ``request`` the scheduler runs, and what the intake
+    needs to answer it (its journal row, reply address and extra answer forms)."""
+
+    seq: int
+    reply: Address
+    request: Request
+    output_formats: tuple[str, ...] = ()   # extra forms of the answer (OUTPUT_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -143,8 +164,8 @@ def _type_error(doc: Mapping[str, Any]) -> str | None:
 
 
 def parse(entry: Entry, base: str, client_id: str, tasks: Mapping[str, Any],
-          max_payload: int, timeout_s: float) -> Request | Failure:
-    """A recorded message as a ``Request``, or the ``Failure`` to answer it with."""
+          max_payload: int, timeout_s: float) -> MqttRequest | Failure:
+    """A recorded message as an ``MqttRequest``, or the ``Failure`` to answer it with."""
     task = entry.topic[len(base) + len("/req/"):] if entry.topic.startswith(
         f"{base}/req/") else ""
 
@@ -179,13 +200,14 @@ def parse(entry: Entry, base: str, client_id: str, tasks: Mapping[str, Any],
     deadline = entry.received + timeout_s
     if entry.expires is not None:
         deadline = min(deadline, entry.expires)
-    return Request(
-        seq=entry.seq, task=task, input=doc["input"],
-        reply=reply_address(entry, base, client_id, doc), received=entry.received,
-        deadline=deadline, session=doc.get("session"), max_tokens=doc.get("max_tokens"),
-        temperature=float(doc.get("temperature") or 0.0),
+    request = Request(
+        task=task, input=doc["input"], received=entry.received, deadline=deadline,
+        ref=f"mqtt request {entry.seq}", session=doc.get("session"),
+        max_tokens=doc.get("max_tokens"), temperature=float(doc.get("temperature") or 0.0),
         top_p=float(doc.get("top_p") or 1.0), top_k=int(doc.get("top_k") or 0),
-        seed=doc.get("seed"), output_formats=tuple(dict.fromkeys(formats)))
+        seed=doc.get("seed"))
+    return MqttRequest(entry.seq, reply_address(entry, base, client_id, doc), request,
+                       tuple(dict.fromkeys(formats)))
 
 
 def error_response(reply: Address, task: str | None, code: str, message: str,

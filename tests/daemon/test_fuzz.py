@@ -86,11 +86,13 @@ def runner(edge_engine: Path) -> TaskRunner:
 
 def _answer_bytes(runner: TaskRunner, entry: Entry) -> tuple[rq.Address, bytes, str | None]:
     """What the daemon publishes for one message, going through one decode step."""
-    req = rq.parse(entry, BASE, "rung-fuzz", runner.tasks, 4096, 60.0)
-    if isinstance(req, rq.Failure):
-        event(f"refused at parse: {req.code}")
-        assert req.code in CODES
-        return req.reply, rq.error_response(req.reply, req.task, req.code, req.message), None
+    parsed = rq.parse(entry, BASE, "rung-fuzz", runner.tasks, 4096, 60.0)
+    if isinstance(parsed, rq.Failure):
+        event(f"refused at parse: {parsed.code}")
+        assert parsed.code in CODES
+        return parsed.reply, rq.error_response(parsed.reply, parsed.task, parsed.code,
+                                               parsed.message), None
+    reply, req = parsed.reply, parsed.request
     from rung.engines.sampler import SamplingParams
 
     params = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
@@ -107,11 +109,11 @@ def _answer_bytes(runner: TaskRunner, entry: Entry) -> tuple[rq.Address, bytes, 
         event(f"refused at prepare: {prepared.error and prepared.error['code']}")
     res = prepared
     if res.ok:
-        return req.reply, rq.ok_response(req.reply, req.task, res.output, res.validation,
-                                         {}), req.session
+        return reply, rq.ok_response(reply, req.task, res.output, res.validation,
+                                     {}), req.session
     assert res.error is not None and res.error["code"] in CODES, res.error
-    return req.reply, rq.error_response(req.reply, req.task, res.error["code"],
-                                        res.error["message"]), req.session
+    return reply, rq.error_response(reply, req.task, res.error["code"],
+                                    res.error["message"]), req.session
 
 
 @settings(max_examples=300, deadline=None, derandomize=True,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.request import Address, Request
+from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_loop
 from rung.daemon.tasks.runner import Prepared, TaskResult, TaskRunner
@@ -65,8 +65,8 @@ class HeavyRunner(TaskRunner):
 
 def _request(seq: int, task: str, data: dict[str, Any], max_tokens: int = 48) -> Request:
     now = time.time()
-    return Request(seq=seq, task=task, input=data, reply=Address(f"r/{seq}", None, str(seq)),
-                   received=now, deadline=now + 300, max_tokens=max_tokens)
+    return Request(task=task, input=data, received=now, deadline=now + 300, ref=str(seq),
+                   max_tokens=max_tokens)
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_the_loop_stays_responsive_while_the_engine_thread_works(
         worst, answers, delta = asyncio.run(body())
     finally:
         receiver.close()
-    by_seq = {a.request.seq: a for a in answers}
+    by_seq = {int(a.request.ref): a for a in answers}
     assert by_seq[20].usage["cached_tokens"] >= 768, by_seq[20].usage   # restored from disk
     assert delta.get("hits_disk", 0) >= 12, delta
     tree = by_seq[21]

@@ -12,7 +12,9 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from rung.daemon.request import Address, Request
+import pytest
+
+from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.tasks.runner import Prepared, TaskResult
 from rung.engines.sampler import SamplingParams
@@ -92,9 +94,12 @@ def _sched(runner: FakeRunner, answers: list[Answer], **kw: Any) -> Scheduler:
 def _req(seq: int, data: dict[str, Any] | None = None, deadline_in: float = 60.0,
          **kw: Any) -> Request:
     now = time.time()
-    return Request(seq=seq, task="st_code", input=data if data is not None else {"n": seq},
-                   reply=Address(f"r/{seq}", None, str(seq)), received=now,
-                   deadline=now + deadline_in, **kw)
+    return Request(task="st_code", input=data if data is not None else {"n": seq},
+                   received=now, deadline=now + deadline_in, ref=str(seq), **kw)
+
+
+def _seq(req: Request) -> int:
+    return int(req.ref)
 
 
 async def _until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -117,7 +122,7 @@ def test_full_queue_refuses_but_recovered_fits() -> None:
         assert s.submit(_req(1)) and s.submit(_req(2))
         assert s.submit(_req(3)) is None
         assert s.submit(_req(4), recovered=True) is not None
-        assert s.depth == 3 and [r.seq for r in s.queue] == [1, 2, 4]
+        assert s.depth == 3 and [_seq(r) for r in s.queue] == [1, 2, 4]
         assert await s.stop(1.0) == 3 and answers == []
     _run(body)
 
@@ -132,7 +137,7 @@ def test_expired_requests_are_answered_without_running() -> None:
         s.submit(_req(3, deadline_in=-0.5))
         s.start()
         await _until(lambda: len(answers) == 3)
-        by_seq = {a.request.seq: a for a in answers}
+        by_seq = {_seq(a.request): a for a in answers}
         assert (by_seq[1].ok, by_seq[1].code) == (False, "expired")
         assert "deadline passed 5." in by_seq[1].message
         assert (by_seq[3].ok, by_seq[3].code) == (False, "expired")
@@ -152,7 +157,7 @@ def test_batches_up_to_max_batch_with_per_request_params() -> None:
         s.start()
         await _until(lambda: len(answers) == 7)
         assert [len(b) for b in runner.batches] == [3, 3, 1]
-        assert [a.request.seq for a in answers] == list(range(7))
+        assert [_seq(a.request) for a in answers] == list(range(7))
         assert runner.max_tokens == [10 + i for i in range(7)]
         assert [(p.temperature, p.top_k, p.seed) for p in runner.params] == [
             (0.1 * i, i, 100 + i) for i in range(7)]
@@ -174,13 +179,13 @@ def test_runner_failure_answers_the_batch_internal_and_goes_on() -> None:
         s.submit(_req(3, {"invalid": True}))
         s.start()
         await _until(lambda: len(answers) == 3)
-        assert [(a.request.seq, a.ok, a.code) for a in answers] == [
+        assert [(_seq(a.request), a.ok, a.code) for a in answers] == [
             (1, False, "internal"), (2, False, "internal"), (3, False, "invalid_output")]
         assert answers[0].message == "RuntimeError: engine fell over"
         assert answers[0].usage == {} and answers[2].message == "schema"
         assert s.submit(_req(4))                           # the loop is still serving
         await _until(lambda: len(answers) == 4)
-        assert answers[3].ok and answers[3].request.seq == 4
+        assert answers[3].ok and _seq(answers[3].request) == 4
         assert s.liveness() is None
         await s.stop(1.0)
     _run(body)
@@ -198,7 +203,7 @@ def test_every_request_is_answered_exactly_once() -> None:
                 await asyncio.sleep(0)
         await _until(lambda: len(answers) >= 40)
         await asyncio.sleep(0.05)
-        assert Counter(a.request.seq for a in answers) == Counter(range(40))
+        assert Counter(_seq(a.request) for a in answers) == Counter(range(40))
         codes = Counter(a.code for a in answers)
         assert codes["expired"] == 8 and codes[None] > 0 and codes["internal"] > 0
         assert await s.stop(1.0) == 0
@@ -220,8 +225,8 @@ def test_stop_ends_intake_and_reports_what_is_left() -> None:
         assert s.submit(_req(9)) is None and s.submit(_req(10), recovered=True) is None
         gate.set()
         assert await stopping == 2                         # the batch in progress finished
-        assert [a.request.seq for a in answers] == [0] and len(runner.batches) == 1
-        assert [r.seq for r in s.queue] == [1, 2]
+        assert [_seq(a.request) for a in answers] == [0] and len(runner.batches) == 1
+        assert [_seq(r) for r in s.queue] == [1, 2]
         assert s.liveness() == "the scheduler loop has stopped"
     _run(body)
 
@@ -240,7 +245,7 @@ def test_stop_gives_up_waiting_after_the_grace() -> None:
         assert time.monotonic() - t0 < 2.0 and answers == []
         gate.set()
         await asyncio.wait_for(task, 5.0)
-        assert [a.request.seq for a in answers] == [1]
+        assert [_seq(a.request) for a in answers] == [1]
     _run(body)
 
 
@@ -296,14 +301,14 @@ def test_one_requests_failure_before_generation_answers_it_alone() -> None:
         runner = ExplodingRunner()
         started: list[int] = []
         s = _sched(runner, answers, max_pending=10, max_batch=2,
-                   on_start=lambda r: started.append(r.seq))
+                   on_start=lambda r: started.append(_seq(r)))
         s.submit(_req(1, {"explode": "prepare"}))
         s.submit(_req(2))
         s.submit(_req(3, {"explode": "add"}))
         s.submit(_req(4))
         task = s.start()
         await _until(lambda: len(answers) == 4)
-        by_seq = {a.request.seq: a for a in answers}
+        by_seq = {_seq(a.request): a for a in answers}
         assert (by_seq[1].ok, by_seq[1].code) == (False, "internal")
         assert "TypeError: TextInputSequence must be str" in by_seq[1].message
         assert (by_seq[3].ok, by_seq[3].code) == (False, "internal")
@@ -316,6 +321,23 @@ def test_one_requests_failure_before_generation_answers_it_alone() -> None:
         assert answers[-1].ok
         await s.stop(1.0)
     _run(body)
+
+
+def test_log_lines_name_a_request_by_its_ref(caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+
+        def broken(_: Request) -> None:
+            raise RuntimeError("journal gone")
+
+        s = _sched(FakeRunner(), answers, max_pending=10, on_start=broken)
+        s.submit(_req(7))
+        s.start()
+        await _until(lambda: len(answers) == 1)
+        assert answers[0].ok   # bookkeeping does not keep a request from running
+        await s.stop(1.0)
+    _run(body)
+    assert "recording the start of 7 failed" in caplog.text
 
 
 def test_a_dead_loop_is_reported_by_liveness() -> None:
@@ -343,7 +365,7 @@ def test_submit_returns_the_future_of_its_answer() -> None:
         s.start()
         futures = [s.submit(_req(i)) for i in range(3)]
         answers = [await f for f in futures if f is not None]
-        assert [a.request.seq for a in answers] == [0, 1, 2] and all(a.ok for a in answers)
+        assert [_seq(a.request) for a in answers] == [0, 1, 2] and all(a.ok for a in answers)
         assert seen == answers          # the observer sees each answer once
         await s.stop(1.0)
     _run(body)

@@ -124,9 +124,8 @@ def test_a_request_is_recorded_routed_and_its_answer_recorded(tmp_path: Path) ->
                       response_topic="t/replies", correlation=b"c1")
         (row,) = r.journal.pending()   # recorded before the link acknowledges
         ((req, recovered, future),) = r.scheduler.taken
-        assert (req.seq, req.task, req.input, req.seed, req.session) == (
-            row.seq, "st_code", {"spec": "fill"}, 4, "s")
-        assert req.reply is not None and (req.reply.topic, req.reply.id) == ("t/replies", "a1")
+        assert (req.ref, req.task, req.input, req.seed, req.session) == (
+            f"mqtt request {row.seq}", "st_code", {"spec": "fill"}, 4, "s")
         assert not recovered and r.answers() == []
         future.set_result(Answer(req, True, output={"x": 1}, validation={"ok": True},
                                  usage={"prompt_tokens": 5, "completion_tokens": 2,
@@ -251,7 +250,7 @@ def test_recovery_reruns_pending_requests_and_quarantines_a_poison_one(
         r.journal.started(fine.seq)
         assert r.intake.recover() == 2
         ((req, recovered, _),) = r.scheduler.taken
-        assert (req.seq, recovered) == (fine.seq, True)
+        assert (req.ref, recovered) == (f"mqtt request {fine.seq}", True)
         ((_, doc),) = r.answers()
         assert doc["id"] == "poison" and doc["error"]["code"] == "internal"
         assert doc["error"]["message"].startswith("quarantined: the daemon stopped 2 times")
@@ -263,10 +262,13 @@ def test_starts_are_counted_for_journaled_requests_only(tmp_path: Path) -> None:
     async def body() -> None:
         r = Rig(tmp_path)
         r.send({"input": {}})
-        ((req, _, _),) = r.scheduler.taken
+        ((req, _, future),) = r.scheduler.taken
         r.intake.started(req)
-        r.intake.started(Request(0, "diagnosis", {}, 0.0, 1.0))   # a PLC's job
+        r.intake.started(Request("diagnosis", {}, 0.0, 1.0))   # a PLC's job
         assert [e.attempts for e in r.journal.pending()] == [1]
+        future.set_result(Answer(req, True, output={}))
+        await settled(future)
+        assert r.intake._open == {}   # forgotten once answered
     run(body)
 
 

@@ -4,6 +4,7 @@ address order, ids, deadlines, the parsed fields, and the response shapes."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from rung.daemon.mqtt.journal import Entry
 from rung.daemon.mqtt.requests import (
     Address,
     Failure,
-    Request,
+    MqttRequest,
     claimed_id,
     error_response,
     ok_response,
@@ -33,7 +34,7 @@ def _entry(payload: bytes | dict[str, Any], topic: str = f"{BASE}/req/st_code", 
     return Entry(7, topic, raw, response_topic, correlation, received, expires)
 
 
-def _parse(entry: Entry, timeout_s: float = 30.0) -> Request | Failure:
+def _parse(entry: Entry, timeout_s: float = 30.0) -> MqttRequest | Failure:
     return parse(entry, BASE, CLIENT_ID, TASKS, MAX_PAYLOAD, timeout_s)
 
 
@@ -112,19 +113,19 @@ def test_bad_payload_is_reported_before_unknown_task() -> None:
 def test_reply_address_order() -> None:
     full = _ok(reply_to="app/replies", client="plc7")
     v5 = _parse(_entry(full, response_topic="v5/topic", correlation=b"c"))
-    assert isinstance(v5, Request)
+    assert isinstance(v5, MqttRequest)
     assert v5.reply == Address("v5/topic", b"c", "c")
     payload = _parse(_entry(full))
-    assert isinstance(payload, Request) and payload.reply.topic == "app/replies"
+    assert isinstance(payload, MqttRequest) and payload.reply.topic == "app/replies"
     client = _parse(_entry(_ok(client="plc7")))
-    assert isinstance(client, Request) and client.reply.topic == f"{BASE}/res/plc7"
+    assert isinstance(client, MqttRequest) and client.reply.topic == f"{BASE}/res/plc7"
     own = _parse(_entry(_ok()))
-    assert isinstance(own, Request) and own.reply == Address(DEFAULT_REPLY, None, None)
+    assert isinstance(own, MqttRequest) and own.reply == Address(DEFAULT_REPLY, None, None)
 
 
 def test_unusable_response_topic_falls_through() -> None:
     got = _parse(_entry(_ok(reply_to="app/replies"), response_topic="bad/#"))
-    assert isinstance(got, Request) and got.reply.topic == "app/replies"
+    assert isinstance(got, MqttRequest) and got.reply.topic == "app/replies"
 
 
 def test_unusable_reply_to_error_goes_to_the_client_topic() -> None:
@@ -135,41 +136,51 @@ def test_unusable_reply_to_error_goes_to_the_client_topic() -> None:
 
 def test_ids_from_payload_or_correlation() -> None:
     both = _parse(_entry(_ok(id="from-payload"), correlation=b"from-corr"))
-    assert isinstance(both, Request)
+    assert isinstance(both, MqttRequest)
     assert both.reply.id == "from-payload" and both.reply.correlation == b"from-corr"
     corr = _parse(_entry(_ok(), correlation=b"corr-\xff"))
-    assert isinstance(corr, Request) and corr.reply.id == "corr-\ufffd"
+    assert isinstance(corr, MqttRequest) and corr.reply.id == "corr-\ufffd"
     failed = _parse(_entry(b"garbage", correlation=b"c9"))
     assert isinstance(failed, Failure) and failed.reply.id == "c9"
     long_corr = _parse(_entry(_ok(), correlation=b"z" * 300))
-    assert isinstance(long_corr, Request) and long_corr.reply.id == "z" * 256
+    assert isinstance(long_corr, MqttRequest) and long_corr.reply.id == "z" * 256
 
 
 def test_deadline_is_the_earlier_of_timeout_and_expiry() -> None:
     plain = _parse(_entry(_ok(), received=1000.0), timeout_s=30.0)
-    assert isinstance(plain, Request) and plain.deadline == 1030.0
+    assert isinstance(plain, MqttRequest) and plain.request.deadline == 1030.0
     early = _parse(_entry(_ok(), received=1000.0, expires=1010.0), timeout_s=30.0)
-    assert isinstance(early, Request) and early.deadline == 1010.0
+    assert isinstance(early, MqttRequest) and early.request.deadline == 1010.0
     late = _parse(_entry(_ok(), received=1000.0, expires=1100.0), timeout_s=30.0)
-    assert isinstance(late, Request) and late.deadline == 1030.0
+    assert isinstance(late, MqttRequest) and late.request.deadline == 1030.0
 
 
 def test_valid_request_fields() -> None:
     got = _parse(_entry(_ok(id="r1", max_tokens=64, temperature=0.7, top_p=0.9, top_k=40,
                             seed=123, session="line-3"), f"{BASE}/req/fault_tree"))
-    assert isinstance(got, Request)
-    assert (got.seq, got.task, got.input, got.received) == (7, "fault_tree", {"spec": "x"},
+    assert isinstance(got, MqttRequest)
+    req = got.request
+    assert (got.seq, req.task, req.input, req.received) == (7, "fault_tree", {"spec": "x"},
                                                             1000.0)
-    assert (got.max_tokens, got.temperature, got.top_p, got.top_k, got.seed) == (
+    assert (req.max_tokens, req.temperature, req.top_p, req.top_k, req.seed) == (
         64, 0.7, 0.9, 40, 123)
-    assert got.session == "line-3" and got.reply.id == "r1"
-    assert isinstance(got.temperature, float) and isinstance(got.top_p, float)
+    assert req.session == "line-3" and got.reply.id == "r1" and got.output_formats == ()
+    assert req.ref == "mqtt request 7"
+    assert isinstance(req.temperature, float) and isinstance(req.top_p, float)
+
+
+def test_output_formats_stay_with_the_mqtt_request() -> None:
+    tasks = {"st_code": SimpleNamespace(validators=("st",))}
+    got = parse(_entry(_ok(output_formats=["plcopen_xml", "plcopen_xml"])), BASE, CLIENT_ID,
+                tasks, MAX_PAYLOAD, 30.0)
+    assert isinstance(got, MqttRequest) and got.output_formats == ("plcopen_xml",)
 
 
 def test_valid_request_defaults() -> None:
     got = _parse(_entry({"input": {}, "id": None, "seed": None, "temperature": 1}))
-    assert isinstance(got, Request)
-    assert (got.max_tokens, got.temperature, got.top_p, got.top_k, got.seed, got.session) == (
+    assert isinstance(got, MqttRequest)
+    req = got.request
+    assert (req.max_tokens, req.temperature, req.top_p, req.top_k, req.seed, req.session) == (
         None, 1.0, 1.0, 0, None, None)
     assert got.reply.id is None
 
@@ -235,7 +246,7 @@ def test_strings_the_broker_or_tokenizer_refuse_are_bad_requests(payload: bytes,
 def test_text_with_newlines_and_umlauts_is_fine() -> None:
     got = _parse(_entry('{"input": {"description": "Zeile 1\\nZeile 2\\tgeöffnet"}, '
                         '"id": "Ölpumpe-1"}'.encode()))
-    assert isinstance(got, Request) and got.reply.id == "Ölpumpe-1"
+    assert isinstance(got, MqttRequest) and got.reply.id == "Ölpumpe-1"
 
 
 def test_claimed_id() -> None:
