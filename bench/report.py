@@ -62,7 +62,8 @@ def table(record: dict[str, Any]) -> str:
             rows.append(f"| {name} | failed: {res['error']} |" + " |" * (2 + len(c)))
             continue
         pre = res["prefill"]
-        rows.append(f"| {name} | {pre['tok_s']:.1f} | {pre['ttft_ms']:.0f} | "
+        mark = " (1 token per batch)" if pre.get("note") else ""
+        rows.append(f"| {name} | {pre['tok_s']:.1f}{mark} | {pre['ttft_ms']:.0f} | "
                     + " | ".join(_fmt(_decode(res, x)) for x in c) + " | "
                     + " / ".join(_ratio(res, base, x) for x in c) + " |"
                     + (f" {res['ffn_skip_ratio']:.1%} |" if "ffn_skip_ratio" in res
@@ -87,7 +88,14 @@ def markdown(record: dict[str, Any]) -> str:
             f"{w['threads']} threads per engine.\n\nVersions: {v}.\n\n"
             f"Median of {w['reps'] * w.get('rounds', 1)} repetitions{_rounds(w)}; decode = "
             f"{w['steps']} greedy steps after prefilling the stated context.\n\n"
-            + table(record))
+            + table(record)
+            + ("\n" + roofline_section(record) if "bandwidth_gbs" in record else ""))
+
+
+def roofline_section(record: dict[str, Any]) -> str:
+    from roofline import section
+
+    return section(record)
 
 
 def _rounds(w: dict[str, Any]) -> str:

@@ -21,7 +21,9 @@ from typing import Any
 
 import artifacts
 import machine
+import numpy as np
 import report
+import roofline
 import workers
 
 ENGINES = ("rung", "rung-kv16", "rung-kv8", *artifacts.RUNG_WEIGHTS, *artifacts.RUNG_FFN, "hf",
@@ -32,7 +34,7 @@ ARTIFACT = {e: e for e in ENGINES}
 # engine -> weight precision (fp32 unless listed)
 WEIGHTS = {**{k: v.partition(":")[0] for k, v in artifacts.RUNG_WEIGHTS.items()},
            **artifacts.GENAI,
-           **{k: {"f32": "fp32", "q8_0": "int8", "q4_0": "int4"}[v]
+           **{k: {"f32": "fp32", "q8_0": "int8", "q4_0": "int4", "q4_k_m": "int4"}[v]
               for k, v in artifacts.LLAMACPP.items()}}
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK = dict(preset="demo-tiny", prompt=128, contexts="64,256", steps=8, reps=1)
@@ -59,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tag", default="", help="suffix of the result file names (e.g. kv)")
     p.add_argument("--baseline", default=report.BASELINE,
                    help="engine the decode ratios are taken against (default ortgenai)")
+    p.add_argument("--quality", action="store_true",
+                   help="also: each engine's mean KL and greedy agreement against the fp32 "
+                   "reference on held-out real text, the weights it reads per decode step, "
+                   "and the memory bandwidth measured in the run (share of the roofline)")
+    p.add_argument("--logits-ids", help=argparse.SUPPRESS)
+    p.add_argument("--logits-out", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -74,7 +82,8 @@ def workload(args: argparse.Namespace) -> workers.Workload:
     return workers.Workload(prompt=args.prompt,
                             contexts=[int(c) for c in str(args.contexts).split(",")],
                             steps=args.steps, reps=args.reps, seed=args.seed,
-                            threads=args.threads)
+                            threads=args.threads, logits_ids=args.logits_ids,
+                            logits_out=args.logits_out)
 
 
 def vocab_size(art: artifacts.Artifacts) -> int:
@@ -88,12 +97,16 @@ def worker_main(args: argparse.Namespace) -> None:
     args.result.write_text(json.dumps(res, indent=2))
 
 
-def spawn_worker(engine: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    """Run one engine in a fresh process; its JSON, or ``{"error": ...}``."""
+def spawn_worker(engine: str, args: argparse.Namespace, tmp: Path,
+                 logits: tuple[Path, Path] | None = None) -> dict[str, Any]:
+    """Run one engine in a fresh process; its JSON, or ``{"error": ...}``. ``logits``:
+    (token ids, output) to save the engine's teacher-forced logits over those ids."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine,
            "--result", str(tmp), "--preset", args.preset, "--prompt", str(args.prompt),
            "--contexts", str(args.contexts), "--steps", str(args.steps),
            "--reps", str(args.reps), "--threads", str(args.threads), "--seed", str(args.seed)]
+    if logits:
+        cmd += ["--logits-ids", str(logits[0]), "--logits-out", str(logits[1])]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads))
     print(f"bench: measuring {engine} ...", file=sys.stderr, flush=True)
@@ -113,13 +126,37 @@ def measure_all(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
     os.sync()  # a fresh build leaves GBs of dirty pages; don't time their write-back
     args.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
-    for _ in range(max(args.rounds, 1)):
+    ids = args.out / ".held-out-ids.npy"
+    if args.quality:
+        np.save(ids, roofline.held_out_ids(artifacts.locate(args.preset).hf))
+    for i in range(max(args.rounds, 1)):
         for engine in engines:
             if ARTIFACT[engine] in errors:
                 runs[engine] = [{"error": f"build failed: {errors[ARTIFACT[engine]]}"}]
                 continue
-            runs[engine].append(spawn_worker(engine, args, args.out / f".worker-{engine}.tmp"))
+            logits = ((ids, args.out / f".logits-{engine}.npy") if args.quality and i == 0
+                      else None)
+            runs[engine].append(spawn_worker(engine, args, args.out / f".worker-{engine}.tmp",
+                                             logits))
     return {engine: merge_rounds(r) for engine, r in runs.items()}
+
+
+def add_quality(results: dict[str, dict[str, Any]], preset: str) -> None:
+    """Each engine's weights read per step and, where it saved logits, its KL and greedy
+    agreement against the fp32 reference (transformers, else rung fp32, else llama.cpp f32)."""
+    art = artifacts.locate(preset)
+    saved = {e: Path(r["logits"]) for e, r in results.items() if "logits" in r}
+    ref = next((e for e in ("hf", "rung", "llamacpp-f32") if e in saved), None)
+    reference = np.load(saved[ref]) if ref else None
+    for engine, res in results.items():
+        if "error" in res:
+            continue
+        res["weight_bytes"] = roofline.weight_bytes(art.path(ARTIFACT[engine]))
+        if reference is not None and engine in saved:
+            res["quality"] = dict(roofline.quality(reference, np.load(saved[engine])),
+                                  reference=ref)
+    for path in saved.values():
+        path.unlink(missing_ok=True)
 
 
 def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -163,10 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         sys.exit(f"bench: unknown engine {unknown[0]!r}; choose from {', '.join(ENGINES)}")
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    bandwidth = [roofline.bandwidth_gbs(args.threads)] if args.quality else []
     results = measure_all(args, engines)
+    if args.quality:
+        bandwidth.append(roofline.bandwidth_gbs(args.threads))
+        add_quality(results, args.preset)
     weights = {e: WEIGHTS.get(e, "fp32") for e in engines}
     label = "fp32" if set(weights.values()) == {"fp32"} else "mixed"
-    stamp = (time.strftime("%Y-%m-%d") + f"-{label}" + (f"-{args.tag}" if args.tag else "")
+    model = "" if args.preset == "qwen2.5-0.5b" else f"-{args.preset}"
+    stamp = (time.strftime("%Y-%m-%d") + model + f"-{label}" + (f"-{args.tag}" if args.tag else "")
              + ("-quick" if args.quick else ""))
     record = {"stamp": stamp, "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "command": shlex.join(sys.orig_argv), "cwd": os.getcwd(), "model": args.preset,
@@ -174,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
               "workload": dict(vars(workload(args)), rounds=max(args.rounds, 1)),
               "artifacts": str(artifacts.locate(args.preset).root),
               "machine": machine.machine_info(), "results": results}
+    if bandwidth:
+        record["bandwidth_gbs"] = statistics.median(bandwidth)
+        record["bandwidth_runs_gbs"] = bandwidth
     stem = write_outputs(record, args.out)
     print(report.table(record))
     print(f"bench: wrote {stem}.json, .md, .png", file=sys.stderr)

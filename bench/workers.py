@@ -32,6 +32,8 @@ class Workload:
     reps: int            # repetitions; the median is reported
     seed: int
     threads: int
+    logits_ids: str | None = None   # .npy of token ids: save their logits (quality: KL)
+    logits_out: str | None = None   # where (.npy); engines without ``logits`` skip it
 
 
 class Runner(Protocol):
@@ -58,7 +60,16 @@ class RungRunner:
 
     def reset(self, max_len: int) -> None:
         self.cache = None
-        self.cache = self.engine.new_cache(1, max_len)
+        # the engine's whole capacity (its max_seq), as the daemon allocates it: a step's
+        # cost must follow the context, not the buffer
+        self.cache = self.engine.new_cache(1)
+
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        self.reset(len(ids))
+        every = np.arange(len(ids), dtype=np.int64)[None, :]
+        out = self.engine.forward(self.cache, ids[None, :], np.array([len(ids)], np.int64),
+                                  every)
+        return np.asarray(out[0], np.float32)
 
     def _run(self, ids: np.ndarray, decode: bool = False) -> int:
         logits = self.engine.forward(self.cache, ids[None, :], np.array([len(ids)], np.int64),
@@ -104,6 +115,11 @@ class HfRunner:
     def step(self, token: int) -> int:
         return self._run(np.array([token], np.int64))
 
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        with self.torch.inference_mode():
+            out = self.model(input_ids=self.torch.from_numpy(ids)[None, :])
+        return np.asarray(out.logits[0].float().numpy(), np.float32)
+
 
 class GenaiRunner:
     """onnxruntime-genai: ``append_tokens`` runs the prompt, ``generate_next_token`` picks a
@@ -148,9 +164,15 @@ class LlamaCppRunner:
         import llama_cpp
 
         self.lib = llama_cpp
+        # llama-cpp-python 0.3.36 as pip builds it here crashes in ``decode`` on batches of
+        # quantized tokens on AMX CPUs: quantized files run one token per batch (their
+        # prefill is then decode-bound; the result says so)
+        amx = "amx_tile" in Path("/proc/cpuinfo").read_text()
+        self.token_batches = amx and not model_dir.name.endswith("f32")
+        batch = 1 if self.token_batches else 512
         self.llm = llama_cpp.Llama(str(model_dir / "model.gguf"), n_ctx=4096,
-                                   n_threads=threads, n_threads_batch=threads, n_batch=512,
-                                   verbose=False)
+                                   n_threads=threads, n_threads_batch=threads, n_batch=batch,
+                                   n_ubatch=batch, verbose=False)
         self.vocab = self.llm.n_vocab()
 
     def reset(self, max_len: int) -> None:
@@ -169,11 +191,21 @@ class LlamaCppRunner:
         self.llm.eval([token])
         return self._next()
 
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        self.llm.reset()
+        rows = []
+        for token in ids:   # one at a time: every position's logits, as decode sees them
+            self.llm.eval([int(token)])
+            rows.append(np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.llm.ctx, -1),
+                                              shape=(self.vocab,)).copy())
+        return np.stack(rows).astype(np.float32)
+
 
 RUNNERS: dict[str, Any] = {"hf": HfRunner, "ortgenai": GenaiRunner,
                            "ortgenai-int4": GenaiRunner, "llamacpp-f32": LlamaCppRunner,
                            "llamacpp-q8_0": LlamaCppRunner,
-                           "llamacpp-q4_0": LlamaCppRunner}  # else: rung's engine
+                           "llamacpp-q4_0": LlamaCppRunner,
+                           "llamacpp-q4_k_m": LlamaCppRunner}  # else: rung's engine
 
 
 # -- measurement -----------------------------------------------------------------------------
@@ -225,6 +257,11 @@ def run_worker(engine: str, model_dir: Path, vocab: int, w: Workload) -> dict[st
     runner = cls(model_dir, w.threads)
     load_s = time.perf_counter() - t0
     result = measure(runner, ids, w)
+    if getattr(runner, "token_batches", False):
+        result["prefill"]["note"] = "one token per batch (batched quantized decode crashes)"
+    if w.logits_ids and w.logits_out and hasattr(runner, "logits"):
+        np.save(w.logits_out, runner.logits(np.load(w.logits_ids)))
+        result["logits"] = w.logits_out
     skips = getattr(getattr(runner, "engine", None), "ffn_skips", None)
     if skips is not None:  # FFN gates: share of decode-step FFNs skipped during the run
         steps = runner.engine.ffn_steps
