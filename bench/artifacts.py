@@ -53,7 +53,7 @@ RUNG_FFN: dict[str, tuple[str, float]] = {
     "rung-ffn-cal05": ("calibrate", 0.05), "rung-ffn-cal50": ("calibrate", 0.5)}
 # llama.cpp through llama-cpp-python: kind -> GGUF type (f32 converted, the rest quantized)
 LLAMACPP = {"llamacpp-f32": "f32", "llamacpp-q8_0": "q8_0", "llamacpp-q4_0": "q4_0",
-            "llamacpp-q4_k_m": "q4_k_m"}
+            "llamacpp-q4_k_m": "q4_k_m", "llamacpp-original": "original"}
 KINDS = ("hf", *RUNG_KV, *RUNG_WEIGHTS, *RUNG_FFN, *GENAI, *LLAMACPP)
 RUNG_KINDS = (*RUNG_KV, *RUNG_WEIGHTS, *RUNG_FFN)
 
@@ -240,6 +240,14 @@ def _build_llamacpp(preset: str, out: Path, ftype: str) -> None:
     import llama_cpp
 
     out.mkdir(parents=True, exist_ok=True)
+    if ftype == "original":   # a real preset's own GGUF as published (SmolLM2: Q4_1)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.real_checkpoint import gguf_path
+
+        if preset not in REAL:
+            raise SystemExit(f"{preset} has no original GGUF: random weights")
+        shutil.copyfile(gguf_path(), out / "model.gguf")
+        return
     f32 = out / ("model.gguf" if ftype == "f32" else "model-f32.gguf")
     if preset in REAL:   # the F32 file of the same weights, the GGUF's own tokenizer kept
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -4,11 +4,11 @@ the bytes each engine reads per decode step, and the quality its precision costs
 - ``bandwidth_gbs``: reading a 1 GiB array with the bench's thread count (numpy sums,
   one slice per thread; numpy releases the GIL), best of 5: the roofline's denominator.
 - ``weight_bytes``: the weights a decode step streams. ONNX engines (rung,
-  onnxruntime-genai): every initializer except tables only gathered from (the embedding,
-  RoPE tables: a decode step reads one row); GGUF (llama.cpp): every tensor except
-  ``token_embd`` unless the model has no ``output`` tensor (tied embeddings: the LM head
-  reads it whole). KV reads are left out (at 128 tokens of context they are under 1 % of
-  the weights).
+  onnxruntime-genai): every initializer except those only gathered from (the embedding
+  where the LM head has its own matrix, RoPE tables: a decode step reads one row of them);
+  GGUF (llama.cpp): every tensor except ``token_embd`` unless the model has no ``output``
+  tensor (tied embeddings: the LM head reads it whole). KV reads are left out (at 128
+  tokens of context they are under 1 % of the weights).
 - ``quality``: mean KL(reference || engine) of the next-token distributions and greedy
   agreement, teacher-forced over the same held-out real text (``rung.export.prompts``),
   against the fp32 reference (transformers where it ran, else rung fp32).
@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-GATHERED = ("embed_tokens", "embed", "rope_", "cos_cache", "sin_cache", "wte")
 
 
 def bandwidth_gbs(threads: int, gib: float = 1.0, runs: int = 5) -> float:
@@ -47,9 +45,13 @@ def _onnx_bytes(model_dir: Path) -> int:
     total = 0
     for path in model_dir.glob("*.onnx"):
         graph = onnx.load(str(path), load_external_data=False).graph
+        readers: dict[str, set[str]] = {}
+        for node in graph.node:
+            for name in node.input:
+                readers.setdefault(name, set()).add(node.op_type)
         for t in graph.initializer:
-            if any(key in t.name for key in GATHERED):
-                continue
+            if readers.get(t.name, set()) <= {"Gather"} or t.name.startswith("rope_"):
+                continue   # only gathered from (an embedding, a RoPE table): one row a step
             ext = {e.key: e.value for e in t.external_data}
             total += int(ext["length"]) if "length" in ext else len(t.raw_data)
     return total

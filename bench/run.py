@@ -34,7 +34,8 @@ ARTIFACT = {e: e for e in ENGINES}
 # engine -> weight precision (fp32 unless listed)
 WEIGHTS = {**{k: v.partition(":")[0] for k, v in artifacts.RUNG_WEIGHTS.items()},
            **artifacts.GENAI,
-           **{k: {"f32": "fp32", "q8_0": "int8", "q4_0": "int4", "q4_k_m": "int4"}[v]
+           **{k: {"f32": "fp32", "q8_0": "int8", "q4_0": "int4", "q4_k_m": "int4",
+                  "original": "int4"}[v]
               for k, v in artifacts.LLAMACPP.items()}}
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK = dict(preset="demo-tiny", prompt=128, contexts="64,256", steps=8, reps=1)

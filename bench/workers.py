@@ -134,6 +134,8 @@ class GenaiRunner:
         config.overlay(json.dumps({"model": {"decoder": {"session_options": {
             "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
         self.model = og.Model(config)
+        self.vocab = int(json.loads((model_dir / "genai_config.json").read_text())
+                         ["model"]["vocab_size"])
         self.gen: Any = None
 
     def reset(self, max_len: int) -> None:
@@ -153,6 +155,17 @@ class GenaiRunner:
 
     def step(self, token: int) -> int:
         return self._next()  # greedy: the generator feeds the token it selected itself
+
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        """Every position's logits, one appended token at a time (the generator's
+        ``logits`` output holds the last step's)."""
+        self.reset(len(ids) + 1)
+        rows = []
+        for token in ids:
+            self.gen.append_tokens(np.array([token], np.int32))
+            rows.append(np.asarray(self.gen.get_output("logits"), np.float32).reshape(-1)[
+                -self.vocab:].copy())
+        return np.stack(rows)
 
 
 class LlamaCppRunner:
@@ -205,7 +218,8 @@ RUNNERS: dict[str, Any] = {"hf": HfRunner, "ortgenai": GenaiRunner,
                            "ortgenai-int4": GenaiRunner, "llamacpp-f32": LlamaCppRunner,
                            "llamacpp-q8_0": LlamaCppRunner,
                            "llamacpp-q4_0": LlamaCppRunner,
-                           "llamacpp-q4_k_m": LlamaCppRunner}  # else: rung's engine
+                           "llamacpp-q4_k_m": LlamaCppRunner,
+                           "llamacpp-original": LlamaCppRunner}  # else: rung's engine
 
 
 # -- measurement -----------------------------------------------------------------------------
