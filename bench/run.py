@@ -139,6 +139,7 @@ def measure_all(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
                       else None)
             runs[engine].append(spawn_worker(engine, args, args.out / f".worker-{engine}.tmp",
                                              logits))
+    ids.unlink(missing_ok=True)
     return {engine: merge_rounds(r) for engine, r in runs.items()}
 
 
