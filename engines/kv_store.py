@@ -64,6 +64,17 @@ log = logging.getLogger(__name__)
 # i.e. 7-10 % more blocks per RAM budget, and restore no slower: it pays. An fp8 block is
 # mostly single bytes, which a byte shuffle cannot reorder: +1 % for a 20 % slower
 # restore does not pay. (Level 1 matched or beat level 3 on ratio here, and was faster.)
+#
+# Real KV (SmolLM2-135M-Instruct, 17 blocks of real text; bench/kv_real_compression.py,
+# docs/benchmarks.md "Cold-tier compression of real KV") confirms it, level 1: fp32 1.078
+# off / 1.180 on, fp16 1.077 / 1.150, fp8 1.167 / 1.184 (restore 546 / 488 MB/s). Delta
+# coding across tokens before the planes (the XOR of each channel's bit pattern with the
+# previous position's, or their integer difference, as CacheGen codes quantized KV) made
+# every block larger (shuffled, level 1, XOR: fp32 1.166, fp16 1.123, fp8 1.158) and
+# decoding 25-50 % slower: neighbouring tokens are barely correlated (var(x[t] - x[t-1])
+# / var(x) is 0.97 for K, 1.56 for V), so it is not in the codec. Level 3, the store's
+# former default, gained nothing on real KV either (fp32 1.164 vs 1.180) and compressed
+# 39 % slower (428 vs 699 MB/s): the store compresses at level 1.
 SHUFFLE_DEFAULT: dict[str, bool] = {"float32": True, "float16": True, "uint8": False}
 
 _LEN = struct.Struct("<I")
@@ -241,7 +252,7 @@ class ColdStore:
     worker threads may share it; disk I/O runs outside the lock.
     """
 
-    def __init__(self, engine_id: str, ram_budget_bytes: int, level: int = 3,
+    def __init__(self, engine_id: str, ram_budget_bytes: int, level: int = 1,
                  state_dir: str | os.PathLike[str] | None = None,
                  disk_budget_bytes: int | None = None, shuffle: bool | None = None) -> None:
         """Raises: EngineError: a bad budget or level, or ``state_dir`` cannot be opened."""
