@@ -1,13 +1,15 @@
 """Structured answers with fast decoding against plain decoding, on the demo model.
 
-    cd bench && ../.venv/bin/python fast_decode.py [--n 12]
+    cd bench && ../.venv/bin/python fast_decode.py [--n 12] [--engines DIR ...] [--no-demo]
 
 Held-out corpus requests (seed 1000), greedy, through the task runner (shapes on), one at a
 time and as a 4-row continuous batch: answer time, decode steps, draft tokens offered, of
 them grammar-forced, accepted; whether the answers are token for token the same. On the
 demo model exported without FFN gates (fast decoding is exact there) and with its trained
 gates (drafts run FFNs unskipped, so answers may differ: ``engine.decode: auto`` keeps
-such engines plain). Writes ``bench/results/<date>-fast-decode.{json,md}``.
+such engines plain). ``--engines``: other engine directories measured the same way (a
+real checkpoint: its answers need not pass the validators; plain and fast must still agree
+token for token). Writes ``bench/results/<date>-fast-decode.{json,md}``.
 """
 
 from __future__ import annotations
@@ -79,18 +81,26 @@ def measure(engine_dir: Path, samples: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=12)
+    ap.add_argument("--engines", nargs="*", type=Path, default=[],
+                    help="also measure these engine directories")
+    ap.add_argument("--no-demo", action="store_true", help="skip the demo model")
     args = ap.parse_args(argv)
     from rung.export.exporter import ExportOptions, export
 
     samples = corpus(args.n, seed=1000)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, gates in (("demo model, no FFN gates", "off"),
-                            ("demo model, trained FFN gates", "trained")):
+        for name, gates in (() if args.no_demo else (
+                ("demo model, no FFN gates", "off"),
+                ("demo model, trained FFN gates", "trained"))):
             engine_dir = Path(tmp) / gates
             export(ROOT / "models" / "edge-tiny", engine_dir, ExportOptions(ffn_skip=gates))
             results[name] = measure(engine_dir, samples)
-    stamp = time.strftime("%Y-%m-%d") + "-fast-decode"
+    for engine_dir in args.engines:
+        m = load_engine(engine_dir).manifest
+        results[f"{engine_dir.name} ({m.weights}, {m.kv.dtype} KV)"] = measure(engine_dir,
+                                                                              samples)
+    stamp = time.strftime("%Y-%m-%d") + "-fast-decode" + ("-engines" if args.no_demo else "")
     record = {"stamp": stamp, "command": shlex.join(["python", *sys.orig_argv[1:]]),
               "machine": machine_info(), "n": args.n, "results": results}
     lines = [f"# Fast decoding {stamp} ({args.n} held-out requests, greedy)", "",

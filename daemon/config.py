@@ -65,7 +65,7 @@ class EngineConfig:
     prepack: bool | None = None  # ONNX Runtime weight prepacking; None = by precision, batch
     backend: str = "onnx"  # onnx (ONNX Runtime) | trt (the TensorRT plan of --target trt)
     provider: str | None = None  # ONNX Runtime's execution provider: cpu (None) | cuda
-    decode: str = "auto"  # plain | fast (drafts checked per step) | auto (fast without gates)
+    decode: str = "auto"  # plain | fast (drafts checked per step) | auto (fast where exact)
 
 
 @dataclass(frozen=True)

@@ -287,10 +287,19 @@ class TaskRunner:
         return TaskResult(task.name, ok, output, validation, error, gen)
 
 
+# weights whose kernels compute a multi-token step otherwise than a one-token step: ONNX
+# Runtime's MatMulNBits takes another path for several rows, so a draft checked in a
+# k-token step can meet a near-tie the one-token step breaks the other way (SmolLM2 int4:
+# 2 of 12 answers token for token the same; docs/benchmarks.md, "Fast decoding")
+ROW_DEPENDENT_WEIGHTS = ("int8", "int4")
+
+
 def fast_decoding(decode: str, engine: AnyEngine) -> bool:
-    """``engine.decode`` resolved: auto is fast on an engine without FFN gates (drafts
-    run its FFNs unskipped, so on a gated engine fast decoding may answer otherwise)."""
-    return decode == "fast" or (decode == "auto" and engine.ffn_skips is None)
+    """``engine.decode`` resolved: auto is fast where it answers exactly as plain decoding
+    does — an engine without FFN gates (drafts run its FFNs unskipped) and with float
+    weights (see ``ROW_DEPENDENT_WEIGHTS``); ``fast`` forces it anywhere."""
+    return decode == "fast" or (decode == "auto" and engine.ffn_skips is None
+                                and engine.manifest.weights not in ROW_DEPENDENT_WEIGHTS)
 
 
 def _failed_check(res: TaskResult) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rung.daemon.tasks.runner import TaskRunner
@@ -130,3 +131,23 @@ def test_one_bad_request_does_not_sink_the_batch(runner: TaskRunner) -> None:
     assert results[0].ok
     assert results[1].error is not None and results[1].error["code"] == "bad_request"
     assert "top_p" in results[1].error["message"]
+
+
+@pytest.mark.parametrize("decode,weights,gated,fast", [
+    ("auto", "fp32", False, True),     # exact: drafts checked on the same kernels
+    ("auto", "fp16", False, True),
+    ("auto", "int4", False, False),    # MatMulNBits computes k-token steps otherwise
+    ("auto", "int8", False, False),
+    ("auto", "fp32", True, False),     # drafts run gated FFNs unskipped
+    ("fast", "int4", True, True),      # forced
+    ("plain", "fp32", False, False),
+])
+def test_auto_decoding_is_fast_only_where_it_is_exact(decode: str, weights: str, gated: bool,
+                                                      fast: bool) -> None:
+    from types import SimpleNamespace
+
+    from rung.daemon.tasks.runner import fast_decoding
+
+    engine = SimpleNamespace(ffn_skips=np.zeros(2) if gated else None,
+                             manifest=SimpleNamespace(weights=weights))
+    assert fast_decoding(decode, engine) is fast  # type: ignore[arg-type]
