@@ -241,7 +241,7 @@ def run_generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     (g,) = generate(engine, tok, [ids], params, on_text=None if args.json else stream,
-                    prefix=prefix, fast=fast_decoding(args.decode, engine))
+                    prefix=prefix, fast=fast_decoding(args.decode, engine, "--decode"))
     if session is not None:
         session.save(messages + [{"role": "assistant", "content": g.text}])
     timings = {"load_ms": round(load_ms, 1), "ttft_ms": round(g.ttft_ms, 1),
@@ -350,7 +350,7 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
         raise TaskError(f"--plcopen: task {args.task} does not answer with a POU",
                         "use --task st_code")
     runner = TaskRunner(engine, tok, tasks, args.engine_dir, prefix=prefix,
-                        fast=fast_decoding(args.decode, engine))
+                        fast=fast_decoding(args.decode, engine, "--decode"))
     (r,) = runner.run([(args.task, data)], params, args.max_tokens)
     g = r.generation
     doc = {"task": r.task, "ok": r.ok,

@@ -94,6 +94,21 @@ def add_key_bias_outliers(model: Any, magnitude: float = 600.0) -> None:
                         attn.q_proj.bias[q_row] = 0.0
 
 
+def final_norm_off(build: Any, factor: float = 1.1) -> Any:
+    """``build`` (a graph builder of ``rung.export``) writing the model with its final norm
+    weights scaled by ``factor``: a graph that no longer computes the model, the model
+    itself left as it was."""
+    def broken(model: Any, **kwargs: Any) -> Any:
+        with torch.no_grad():
+            model.model.norm.weight.mul_(factor)
+        try:
+            return build(model, **kwargs)
+        finally:
+            with torch.no_grad():
+                model.model.norm.weight.div_(factor)
+    return broken
+
+
 def save_checkpoint(arch: str, path: Path, seed: int = 0,
                     config: dict[str, Any] | None = None, **save_kwargs: Any) -> Any:
     """Build, save (``save_pretrained``) and return the transformers model."""

@@ -294,12 +294,23 @@ class TaskRunner:
 ROW_DEPENDENT_WEIGHTS = ("int8", "int4")
 
 
-def fast_decoding(decode: str, engine: AnyEngine) -> bool:
-    """``engine.decode`` resolved: auto is fast where it answers exactly as plain decoding
-    does — an engine without FFN gates (drafts run its FFNs unskipped) and with float
-    weights (see ``ROW_DEPENDENT_WEIGHTS``); ``fast`` forces it anywhere."""
-    return decode == "fast" or (decode == "auto" and engine.ffn_skips is None
-                                and engine.manifest.weights not in ROW_DEPENDENT_WEIGHTS)
+def fast_decoding(decode: str, engine: AnyEngine, key: str = "engine.decode") -> bool:
+    """``decode`` (``key``: where it was given) resolved. Fast decoding must answer exactly
+    as plain decoding does, so it applies to an engine without FFN gates (drafts run its
+    FFNs unskipped) and with float weights (see ``ROW_DEPENDENT_WEIGHTS``): auto chooses it
+    there and plain elsewhere; fast asked of another engine is refused.
+
+    Raises:
+        GenerationError: fast on an engine where it would answer otherwise.
+    """
+    why = ("its FFN gates" if engine.ffn_skips is not None
+           else f"its {engine.manifest.weights} weights"
+           if engine.manifest.weights in ROW_DEPENDENT_WEIGHTS else None)
+    if decode == "fast" and why is not None:
+        raise GenerationError(f"{key} fast: on this engine fast decoding would answer "
+                              f"otherwise than plain decoding ({why})",
+                              "use auto (fast where the answers are the same) or plain")
+    return decode == "fast" or (decode == "auto" and why is None)
 
 
 def _failed_check(res: TaskResult) -> str:

@@ -17,7 +17,7 @@ from rung.engines.sampler import SamplingParams
 from rung.engines.tokenizer import Tokenizer
 from rung.export.exporter import ExportOptions, export
 from rung.export.verify import logit_metrics
-from tests.checkpoints import CASES
+from tests.checkpoints import CASES, final_norm_off
 
 pytestmark = pytest.mark.integration
 PROMPT = "The pump is running; motor current 12.4 A. Öltemperatur 85 °C"
@@ -103,19 +103,8 @@ def test_verification_failure_fails_the_export(checkpoints: dict[str, tuple[Path
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import rung.export.exporter as exporter
 
-    def broken(real: Any) -> Any:  # a graph whose final norm weights are off by 10 %
-        def build(model: Any, **kwargs: Any) -> Any:
-            with torch.no_grad():
-                model.model.norm.weight.mul_(1.1)
-            try:
-                return real(model, **kwargs)
-            finally:
-                with torch.no_grad():
-                    model.model.norm.weight.div_(1.1)
-        return build
-
-    for name in ("build_graph", "build_fused_graph"):
-        monkeypatch.setattr(exporter, name, broken(getattr(exporter, name)))
+    for name in ("build_graph", "build_fused_graph"):   # final norm weights off by 10 %
+        monkeypatch.setattr(exporter, name, final_norm_off(getattr(exporter, name)))
     for graph in ("fused", "generic"):
         with pytest.raises(ExportError, match="verification failed"):
             export(checkpoints["mistral"][0], tmp_path / graph,

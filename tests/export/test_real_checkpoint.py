@@ -9,10 +9,10 @@ from typing import Any
 
 import onnx
 import pytest
-import torch
 
 from rung.engines.errors import ExportError
 from rung.export.exporter import ExportOptions, export
+from tests.checkpoints import final_norm_off
 
 pytestmark = pytest.mark.integration
 
@@ -43,18 +43,7 @@ def test_broken_graph_fails_on_real_text(smollm2_cut_hf: Path, tmp_path: Path,
     greedy decoding does not change (a temperature of 1/1.1)."""
     import rung.export.exporter as exporter
 
-    real = exporter.build_graph
-
-    def broken(model: Any, **kwargs: Any) -> Any:
-        with torch.no_grad():
-            model.model.norm.weight.mul_(1.1)
-        try:
-            return real(model, **kwargs)
-        finally:
-            with torch.no_grad():
-                model.model.norm.weight.div_(1.1)
-
-    monkeypatch.setattr(exporter, "build_graph", broken)
+    monkeypatch.setattr(exporter, "build_graph", final_norm_off(exporter.build_graph))
     with pytest.raises(ExportError, match=r"verification failed: mean KL .* \(bound 3e-03\)"):
         export(smollm2_cut_hf, tmp_path, ExportOptions(max_seq=128))
     assert not (tmp_path / "manifest.json").exists()

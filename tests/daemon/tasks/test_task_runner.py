@@ -139,8 +139,9 @@ def test_one_bad_request_does_not_sink_the_batch(runner: TaskRunner) -> None:
     ("auto", "int4", False, False),    # MatMulNBits computes k-token steps otherwise
     ("auto", "int8", False, False),
     ("auto", "fp32", True, False),     # drafts run gated FFNs unskipped
-    ("fast", "int4", True, True),      # forced
+    ("fast", "fp32", False, True),
     ("plain", "fp32", False, False),
+    ("plain", "int4", True, False),
 ])
 def test_auto_decoding_is_fast_only_where_it_is_exact(decode: str, weights: str, gated: bool,
                                                       fast: bool) -> None:
@@ -151,3 +152,22 @@ def test_auto_decoding_is_fast_only_where_it_is_exact(decode: str, weights: str,
     engine = SimpleNamespace(ffn_skips=np.zeros(2) if gated else None,
                              manifest=SimpleNamespace(weights=weights))
     assert fast_decoding(decode, engine) is fast  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("weights,gated,why", [("int4", False, "its int4 weights"),
+                                               ("int8", False, "its int8 weights"),
+                                               ("fp32", True, "its FFN gates")])
+def test_fast_is_refused_where_it_would_answer_otherwise(weights: str, gated: bool,
+                                                         why: str) -> None:
+    """CONTRACTS: under greedy decoding plain and fast give the same text; an engine where
+    they would not refuses fast, naming the option it came from and why."""
+    from types import SimpleNamespace
+
+    from rung.daemon.tasks.runner import fast_decoding
+    from rung.engines.errors import GenerationError
+
+    engine = SimpleNamespace(ffn_skips=np.zeros(2) if gated else None,
+                             manifest=SimpleNamespace(weights=weights))
+    with pytest.raises(GenerationError, match=f"--decode fast: .*\\({why}\\)") as e:
+        fast_decoding("fast", engine, "--decode")  # type: ignore[arg-type]
+    assert e.value.hint is not None and "auto" in e.value.hint
