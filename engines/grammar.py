@@ -14,6 +14,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,14 @@ def unenforceable_keywords(schema: dict[str, Any]) -> list[str]:
         return []
     found = re.findall(r'"([^"]+)"', " ".join(m for m in messages if "nimplemented" in m))
     return found or [m for m in messages]
+
+
+@dataclass(frozen=True)
+class Lark:
+    """A grammar in llguidance's Lark syntax, for what a JSON Schema cannot say (e.g. a
+    language inside a string, over names the answer declared)."""
+
+    text: str
 
 
 class GrammarCompiler:
@@ -81,6 +90,23 @@ class GrammarCompiler:
             self._cache.popitem(last=False)
         return grammar
 
+    def compile_lark(self, lark: Lark) -> str:
+        """The grammar for a Lark text (built per request: not cached).
+
+        Raises:
+            GrammarError: the text is not a grammar llguidance accepts.
+        """
+        try:
+            grammar = llguidance.grammar_from("lark", lark.text)
+        except ValueError as e:
+            raise GrammarError(f"bad Lark grammar: {e}") from e
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, self.tokenizer)
+        if is_error:
+            raise GrammarError("bad Lark grammar: " + "; ".join(
+                m.replace("\n", " ") for m in messages))
+        return grammar
+
     def constraint(self, grammar: str) -> Constraint:
         return Constraint(llguidance.LLMatcher(self.tokenizer, grammar), self.vocab_size,
                           self)
@@ -93,10 +119,11 @@ Restage = Callable[[list[int]], str | None]
 class Constraint:
     """One sequence's position in its grammar.
 
-    A grammar may be narrowed once while decoding (``restage``): after each token the
-    callback sees the tokens so far and may return a grammar that also accepts them, built
-    from what they say (e.g. references that must now resolve); the matcher is rebuilt on
-    it and the tokens replayed, so the rest is generated under it.
+    A grammar may be narrowed while decoding (``restage``): after each token the callback
+    sees the tokens so far and may return a grammar that also accepts them, built from
+    what they say (e.g. references that must now resolve, names already taken); the
+    matcher is rebuilt on it and the tokens replayed, so the rest is generated under it
+    (until the callback narrows it again).
     """
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int,
@@ -108,7 +135,8 @@ class Constraint:
         self.mask_seconds: list[float] = []  # time to compute each step's mask
         self.tokens: list[int] = []          # consumed so far
         self.restage: Restage | None = None
-        self.restaged = False
+        self.restages = 0                    # times the grammar was narrowed
+        self.restage_seconds = 0.0           # building and replaying the narrowed grammar
 
     def allowed(self) -> np.ndarray:
         """Boolean mask [V]: tokens the grammar accepts next (EOS once it is complete)."""
@@ -125,9 +153,11 @@ class Constraint:
             raise GrammarError(f"constraint rejected token {token}: {self.matcher.get_error()}")
         self.tokens.append(token)
         if self.restage is not None:
+            t0 = time.perf_counter()
             grammar = self.restage(self.tokens)
             if grammar is not None:
                 self._rebuild(grammar)
+            self.restage_seconds += time.perf_counter() - t0
 
     def _rebuild(self, grammar: str) -> None:
         """Continue under ``grammar``: a new matcher that has consumed the same tokens."""
@@ -137,7 +167,8 @@ class Constraint:
         if matcher.try_consume_tokens(self.tokens) != len(self.tokens):
             raise GrammarError("the narrowed grammar does not accept the answer so far: "
                                f"{matcher.get_error()}")
-        self.matcher, self.restage, self.restaged = matcher, None, True
+        self.matcher = matcher
+        self.restages += 1
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces next (empty when the model has a choice)."""

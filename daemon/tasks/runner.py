@@ -19,7 +19,7 @@ from rung.daemon.tasks.validate import validate_output
 from rung.engines import AnyEngine
 from rung.engines.errors import GenerationError, RungError, TokenizerError
 from rung.engines.generate import generate
-from rung.engines.grammar import Constraint, GrammarCompiler, GrammarError
+from rung.engines.grammar import Constraint, GrammarCompiler, GrammarError, Lark
 from rung.engines.prefix_cache import PrefixCache
 from rung.engines.sampler import SamplingParams
 from rung.engines.sequence import Generation
@@ -136,7 +136,7 @@ class TaskRunner:
                    else self.compiler.compile(shape.schema))
         constraint = self.compiler.constraint(grammar)
         if shape.restage is not None:
-            constraint.restage = self._restager(shape.restage)
+            constraint.restage = self._restager(shape.restage, shape.restage_at)
         # the last token of the computed start is left to the model (token healing): the
         # text after it is forced by the grammar anyway, and the model picks the tokens it
         # would have written at that seam
@@ -161,15 +161,22 @@ class TaskRunner:
                                       temperature=max(params.temperature,
                                                       policy.temperature)))
 
-    def _restager(self, restage: Callable[[str], dict[str, Any] | None]
+    def _restager(self, restage: Callable[[str], dict[str, Any] | Lark | None], at: str
                   ) -> Callable[[list[int]], str | None]:
         """A shape's restage on answer text, as a constraint's on tokens (the text is
-        decoded only when the last token can have closed a marker: it holds a '[')."""
+        decoded only when the last token can have closed a marker: it holds ``at``; a
+        stage the answer is already in is not applied again)."""
+        applied: list[dict[str, Any] | Lark] = []
+
         def on_tokens(tokens: list[int]) -> str | None:
-            if "[" not in self.tokenizer.decode(tokens[-1:]):
+            if at not in self.tokenizer.decode(tokens[-1:]):
                 return None
-            schema = restage(self.tokenizer.decode(tokens))
-            return None if schema is None else self.compiler.compile(schema)
+            spec = restage(self.tokenizer.decode(tokens))
+            if spec is None or spec in applied[-1:]:
+                return None
+            applied[:] = [spec]
+            return (self.compiler.compile_lark(spec) if isinstance(spec, Lark)
+                    else self.compiler.compile(spec))
         return on_tokens
 
     def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:

@@ -24,7 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rung.daemon.tasks import st_grammar
 from rung.daemon.tasks.validate import expected_state
+from rung.engines.grammar import Lark
 
 Schema = dict[str, Any]
 
@@ -33,9 +35,10 @@ Schema = dict[str, Any]
 class Shape:
     schema: Schema
     prefix: str = ""      # compact JSON the answer starts with (computed by code)
-    # (the answer's text so far) -> the schema the rest must follow, once the text decides
-    # it (None: not yet); applied once while decoding
-    restage: Callable[[str], Schema | None] | None = None
+    # (the answer's text so far) -> the schema or grammar the whole answer must follow,
+    # once the text decides it (None: not yet); applied once while decoding
+    restage: Callable[[str], Schema | Lark | None] | None = None
+    restage_at: str = "["   # asked only after a token carrying this character
 
 
 def compact(value: Any) -> str:
@@ -142,12 +145,45 @@ def _declare_referenced(schema: Schema, text: str) -> Schema | None:
 
 
 def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
+    """Type and name as the request fixes them; each variable's name one no variable
+    before it took; once the declarations are written, the body follows the ST grammar
+    over them (``st_grammar``): its syntax and names hold."""
     s = copy.deepcopy(schema)
     props = s["properties"]
     for key in ("pou_type", "name"):
         if isinstance(data.get(key), str):
             props[key] = {"const": data[key]}
-    return Shape(s)
+    keys = list(props)
+    if "body" not in keys or "variables" not in keys:
+        return Shape(s)
+    initial = props["variables"]["items"]["properties"].get("initial")
+    if isinstance(initial, dict):   # a literal, not free text after ':='
+        initial["pattern"] = st_grammar.LITERAL_PATTERN
+    required = set(s.get("required") or ())
+    defs = s.get("$defs") or {}
+
+    def members(names: list[str], schemas: Mapping[str, Any], required: set[str]
+                ) -> list[st_grammar.Member]:
+        return [(k, st_grammar.resolved(schemas[k], defs), k in required) for k in names]
+
+    after_body = members(keys[keys.index("body") + 1:], props, required)
+    after_vars = members(keys[keys.index("variables") + 1:], props, required)
+    item = st_grammar.resolved(props["variables"]["items"], defs)
+    item_keys = list(item["properties"])
+    item_rest = members(item_keys[item_keys.index("name") + 1:], item["properties"],
+                        set(item.get("required") or ()))
+
+    def restage(text: str) -> Lark | None:
+        found = st_grammar.head_pou(text)
+        if found is not None:
+            body = st_grammar.body_grammar(*found, after_body)
+            return None if body is None else Lark(body)
+        named = st_grammar.naming(text)
+        if named is None:
+            return None
+        return Lark(st_grammar.name_grammar(*named, item_rest, item, after_vars))
+
+    return Shape(s, restage=restage, restage_at='"')
 
 
 # the task's semantic validator names the kind of answer it is

@@ -72,7 +72,7 @@ _GENERIC_TYPES = _names("""
     ANY_SIGNED ANY_DURATION ANY_BIT ANY_CHARS ANY_STRING ANY_CHAR ANY_DATE
 """)
 # Standard function blocks: inputs and outputs, with their types (IEC 61131-3 ed. 3, 6.6.3).
-_FB_INPUTS: dict[str, dict[str, str]] = {
+FB_INPUTS: dict[str, dict[str, str]] = {
     "TON": {"IN": "BOOL", "PT": "TIME"}, "TOF": {"IN": "BOOL", "PT": "TIME"},
     "TP": {"IN": "BOOL", "PT": "TIME"},
     "R_TRIG": {"CLK": "BOOL"}, "F_TRIG": {"CLK": "BOOL"},
@@ -81,7 +81,7 @@ _FB_INPUTS: dict[str, dict[str, str]] = {
     "CTUD": {"CU": "BOOL", "CD": "BOOL", "R": "BOOL", "LD": "BOOL", "PV": "INT"},
     "SR": {"S1": "BOOL", "R": "BOOL"}, "RS": {"S": "BOOL", "R1": "BOOL"},
 }
-_FB_OUTPUTS: dict[str, dict[str, str]] = {
+FB_OUTPUTS: dict[str, dict[str, str]] = {
     "TON": {"Q": "BOOL", "ET": "TIME"}, "TOF": {"Q": "BOOL", "ET": "TIME"},
     "TP": {"Q": "BOOL", "ET": "TIME"},
     "R_TRIG": {"Q": "BOOL"}, "F_TRIG": {"Q": "BOOL"},
@@ -90,7 +90,7 @@ _FB_OUTPUTS: dict[str, dict[str, str]] = {
     "SR": {"Q1": "BOOL"}, "RS": {"Q1": "BOOL"},
 }
 STANDARD_FB_MEMBERS: dict[str, tuple[str, ...]] = {
-    fb: (*_FB_INPUTS[fb], *_FB_OUTPUTS[fb]) for fb in _FB_INPUTS}
+    fb: (*FB_INPUTS[fb], *FB_OUTPUTS[fb]) for fb in FB_INPUTS}
 STANDARD_FUNCTIONS = _names("""
     ABS SQRT LN LOG EXP SIN COS TAN ASIN ACOS ATAN ATAN2 EXPT
     ADD SUB MUL DIV MOD MOVE
@@ -103,7 +103,7 @@ STANDARD_FUNCTIONS = _names("""
     SPLIT_DATE SPLIT_TOD SPLIT_DT DAY_OF_WEEK
     LOWER_BOUND UPPER_BOUND REF SIZEOF ADR
 """)
-_CONVERSION_TYPES = ELEMENTARY_TYPES | {"BCD"}
+CONVERSION_TYPES = ELEMENTARY_TYPES | {"BCD"}
 KEYWORDS = _names("""
     ABSTRACT ACTION END_ACTION AND ARRAY AT BY CASE END_CASE CLASS END_CLASS CONFIGURATION
     END_CONFIGURATION CONSTANT CONTINUE DO ELSE ELSIF END_FOR END_IF END_REPEAT END_WHILE EXIT
@@ -117,7 +117,7 @@ KEYWORDS = _names("""
     WITH XOR
 """)
 # Names a variable may not take: keywords, type names, standard FB type names.
-RESERVED_NAMES = KEYWORDS | ELEMENTARY_TYPES | _GENERIC_TYPES | frozenset(_FB_INPUTS)
+RESERVED_NAMES = KEYWORDS | ELEMENTARY_TYPES | _GENERIC_TYPES | frozenset(FB_INPUTS)
 
 _ARRAY_RE = re.compile(r"^ARRAY\s*\[.*\]\s*OF\s+(.+)$", re.DOTALL)
 # Three IEC forms the grammar lacks are rewritten, byte for byte (so every position is
@@ -443,12 +443,12 @@ def _norm_type(type_text: Any) -> str:
 def _is_conversion(name: str) -> bool:
     if "_TO_" in name:
         src, dst = name.split("_TO_", 1)
-        return src in _CONVERSION_TYPES and dst in _CONVERSION_TYPES
+        return src in CONVERSION_TYPES and dst in CONVERSION_TYPES
     if name.startswith("TO_"):
-        return name[3:] in _CONVERSION_TYPES
+        return name[3:] in CONVERSION_TYPES
     if "TRUNC_" in name:
         src, _, dst = name.rpartition("TRUNC_")
-        return dst in _CONVERSION_TYPES and (not src or src[:-1] in _CONVERSION_TYPES)
+        return dst in CONVERSION_TYPES and (not src or src[:-1] in CONVERSION_TYPES)
     return False
 
 
@@ -489,8 +489,8 @@ class _Scope:
         if node.type == "member_access_expression":
             outer = self.type_of(node.child_by_field_name("object"))
             member = _text(node.child_by_field_name("member")).upper()
-            if outer in _FB_INPUTS:
-                return _FB_INPUTS[outer].get(member) or _FB_OUTPUTS[outer].get(member)
+            if outer in FB_INPUTS:
+                return FB_INPUTS[outer].get(member) or FB_OUTPUTS[outer].get(member)
         return None
 
 
@@ -568,7 +568,7 @@ def _call_errors(call: Node, scope: _Scope, pos: _Positions,
     key = name.upper()
     declared = scope.types.get(key)
     if declared is None:
-        if key in _FB_INPUTS:
+        if key in FB_INPUTS:
             errors.append(pos.error(target, f"'{name}' is a function block type: declare an "
                                             f"instance (e.g. inst : {key};) and call that"))
         elif not _is_function(key) and key not in KEYWORDS:
@@ -580,13 +580,13 @@ def _call_errors(call: Node, scope: _Scope, pos: _Positions,
         errors.append(pos.error(target, f"'{name}' is a {declared}, not a function block "
                                         "instance: it cannot be called"))
         return errors
-    if declared not in _FB_INPUTS:
+    if declared not in FB_INPUTS:
         return errors
     positional = [a for a in args if a.type != "named_argument"
                   and _compared_param(a, scope) is None]
     if positional:
         errors.append(pos.error(positional[0], f"'{name}' is a {declared}: pass its inputs by "
-                                               f"name ({', '.join(_FB_INPUTS[declared])} := ...)"))
+                                               f"name ({', '.join(FB_INPUTS[declared])} := ...)"))
     for arg in args:
         if arg.type != "named_argument":
             continue
@@ -595,7 +595,7 @@ def _call_errors(call: Node, scope: _Scope, pos: _Positions,
             continue
         pname = pos.text(param).upper()
         is_output = any(c.type == "=>" for c in arg.children)
-        table = _FB_OUTPUTS[declared] if is_output else _FB_INPUTS[declared]
+        table = FB_OUTPUTS[declared] if is_output else FB_INPUTS[declared]
         if pname not in table:
             kind = "output" if is_output else "input"
             valid = ", ".join(table)
@@ -629,7 +629,7 @@ def _member_errors(access: Node, scope: _Scope, pos: _Positions) -> list[dict[st
         parent = access.parent
         if (parent is not None and parent.type == "assignment_statement"
                 and _is(parent.child_by_field_name("left"), access)
-                and name.upper() in _FB_OUTPUTS[outer]):
+                and name.upper() in FB_OUTPUTS[outer]):
             return [pos.error(member, f"'{name}' is an output of {outer}: it cannot be "
                                       "assigned")]
         return []
@@ -652,7 +652,7 @@ def _reference_error(ident: Node, scope: _Scope, pos: _Positions) -> dict[str, A
         if _prev_token(ident) == "." or (_next_token(ident) in {":=", "=>"}
                                          and _prev_token(ident) in {"(", ","}):
             return None
-        if _next_token(ident) == "(" and (_is_function(key) or key in _FB_INPUTS):
+        if _next_token(ident) == "(" and (_is_function(key) or key in FB_INPUTS):
             return None
     return pos.error(ident, f"undeclared identifier '{name}'")
 
