@@ -1,0 +1,173 @@
+"""Structured answers against llama.cpp under the same JSON schema, on a real checkpoint.
+
+Held-out corpus requests (seed 1000, ``--n`` per task), greedy, batch 1, the same prompt
+token ids for both: rung answers through its task runner as ``rung serve`` does (shapes on;
+fast decoding where the engine allows it: fp32 weights); llama.cpp (llama-cpp-python)
+answers under ``LlamaGrammar.from_json_schema`` of the task's published output schema,
+streamed, from a reset context. Each in turn in this process, on the same weights at the
+same precision (``--pairs``: rung engine = llama.cpp file, from ``bench/artifacts.py``'s
+cache). Reports per task and engine: answer seconds (request to the closed JSON), time to
+first token, answer tokens and tokens per second, and the ratio of mean answer times.
+
+    cd bench && ../.venv/bin/python schema_answers.py [--preset smollm2-135m] [--n 4]
+
+Writes ``bench/results/<date>-schema-answers.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import artifacts
+import numpy as np
+from machine import machine_info
+
+from rung.daemon.tasks.runner import TaskRunner, fast_decoding
+from rung.daemon.tasks.task import Task, load_tasks
+from rung.engines import load_engine
+from rung.engines.onnx_engine import EngineOptions
+from rung.engines.sampler import SamplingParams
+from rung.engines.tokenizer import Tokenizer
+from rung.tools.corpus import generate as corpus
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TASKS = ("st_code", "fault_tree", "diagnosis")
+
+
+def rung_answers(engine_dir: Path, requests: dict[str, list[Any]], threads: int
+                 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[list[int]]], str]:
+    engine = load_engine(engine_dir, "onnx", EngineOptions(threads=threads))
+    tok = Tokenizer.load(engine_dir, engine.manifest.tokenizer)
+    fast = fast_decoding("auto", engine)
+    runner = TaskRunner(engine, tok, load_tasks(), engine_dir, fast=fast)
+    runner.run([("diagnosis", requests["diagnosis"][0])], SamplingParams())   # warm up
+    out: dict[str, list[dict[str, Any]]] = {}
+    prompts: dict[str, list[list[int]]] = {}
+    for task in TASKS:
+        out[task], prompts[task] = [], []
+        for data in requests[task]:
+            prompts[task].append(runner.prompt_ids(runner.tasks[task], data))
+            t0 = time.perf_counter()
+            (r,) = runner.run([(task, data)], SamplingParams())
+            s = time.perf_counter() - t0
+            g = r.generation
+            n = len(g.token_ids) if g is not None else 0
+            out[task].append({"s": s, "tokens": n, "closed": (r.error or {}).get("code")
+                              != "truncated", "ok": r.ok})
+    return out, prompts, "fast" if fast else "plain"
+
+
+def llama_answers(gguf: Path, tasks: dict[str, Task], prompts: dict[str, list[list[int]]],
+                  threads: int) -> tuple[dict[str, list[dict[str, Any]]], bool]:
+    import llama_cpp
+
+    # llama-cpp-python 0.3.36 as pip builds it here crashes on batches of quantized tokens
+    # on AMX CPUs (bench/workers.py): quantized files prefill one token per batch
+    token_batches = ("amx_tile" in Path("/proc/cpuinfo").read_text()
+                     and not gguf.parent.name.endswith("f32"))
+    batch = 1 if token_batches else 512
+    llm = llama_cpp.Llama(str(gguf), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
+                          n_batch=batch, n_ubatch=batch, verbose=False)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for task in TASKS:
+        grammar = llama_cpp.LlamaGrammar.from_json_schema(
+            json.dumps(tasks[task].output_schema), verbose=False)
+        out[task] = []
+        for ids in prompts[task]:
+            llm.reset()
+            t0 = time.perf_counter()
+            first, text, n = None, "", 0
+            for chunk in llm.create_completion(prompt=ids, max_tokens=tasks[task].max_tokens,
+                                               temperature=0.0, grammar=grammar, stream=True):
+                first = first or time.perf_counter() - t0
+                text += chunk["choices"][0]["text"]
+                n += 1
+            s = time.perf_counter() - t0
+            try:
+                json.loads(text)
+                closed = True
+            except json.JSONDecodeError:
+                closed = False
+            out[task].append({"s": s, "ttft_s": first, "tokens": n, "closed": closed})
+    return out, token_batches
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    s = float(np.mean([r["s"] for r in rows]))
+    tokens = float(np.mean([r["tokens"] for r in rows]))
+    out = {"s_mean": s, "tokens_mean": tokens, "tok_per_s": tokens / s,
+           "closed": sum(r["closed"] for r in rows), "n": len(rows)}
+    if "ttft_s" in rows[0]:
+        out["ttft_s_mean"] = float(np.mean([r["ttft_s"] or 0.0 for r in rows]))
+    if "ok" in rows[0]:
+        out["valid"] = sum(r["ok"] for r in rows)
+    return out
+
+
+def markdown(record: dict[str, Any]) -> str:
+    m = record["machine"]
+    lines = [f"# Structured answers against llama.cpp {record['stamp']}", "",
+             f"Command: `{record['command']}`", "",
+             f"Machine: {m['cpu_model']}, {m['cpus_usable']} CPUs ({', '.join(m['simd'])}); "
+             f"{record['preset']}, {record['n']} held-out requests per task, greedy, batch 1.",
+             "", "| precision | task | rung decode | rung s / answer | rung tokens | rung tok/s "
+             "| llama.cpp s / answer | llama.cpp TTFT s | llama.cpp tokens | llama.cpp tok/s "
+             "| rung faster by |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for pair, by_task in record["results"].items():
+        for task, r in by_task.items():
+            a, b = r["rung"], r["llama.cpp"]
+            lines.append(f"| {pair} | {task} | {r['decode']} | {a['s_mean']:.2f} | "
+                         f"{a['tokens_mean']:.0f} | {a['tok_per_s']:.0f} | {b['s_mean']:.2f} | "
+                         f"{b['ttft_s_mean']:.2f} | {b['tokens_mean']:.0f} | "
+                         f"{b['tok_per_s']:.0f} | {b['s_mean'] / a['s_mean']:.2f}x |")
+    notes = [f"- {pair}: llama.cpp prefilled one token per batch (llama-cpp-python on this "
+             "AMX CPU crashes on batched quantized prefill)"
+             for pair, tb in record["token_batches"].items() if tb]
+    return "\n".join(lines + [""] + notes) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="smollm2-135m")
+    p.add_argument("--pairs", default="fp32=rung-fp32:llamacpp-f32,int4=rung-int4:llamacpp-q4_0")
+    p.add_argument("--n", type=int, default=4, help="held-out requests per task")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    pairs = {k: tuple(v.split(":")) for k, v in
+             (item.split("=") for item in args.pairs.split(","))}
+    art, errors = artifacts.ensure(args.preset, tuple({e for pr in pairs.values() for e in pr}))
+    if errors:
+        sys.exit(f"schema_answers: build failed: {errors}")
+    requests: dict[str, list[Any]] = {t: [] for t in TASKS}
+    for s in corpus(60, seed=1000):
+        if len(requests[s["task"]]) < args.n:
+            requests[s["task"]].append(s["input"])
+    tasks = load_tasks()
+    record: dict[str, Any] = {"stamp": time.strftime("%Y-%m-%d") + "-schema-answers",
+                              "command": shlex.join(sys.orig_argv), "machine": machine_info(),
+                              "preset": args.preset, "n": args.n, "results": {},
+                              "token_batches": {}}
+    for pair, (rung_kind, llama_kind) in pairs.items():
+        got, prompts, decode = rung_answers(art.path(rung_kind), requests, args.threads)
+        theirs, token_batches = llama_answers(art.path(llama_kind) / "model.gguf", tasks,
+                                              prompts, args.threads)
+        record["token_batches"][pair] = token_batches
+        record["results"][pair] = {t: {"decode": decode, "rung": summary(got[t]),
+                                       "llama.cpp": summary(theirs[t])} for t in TASKS}
+        print(f"schema_answers: {pair}: {record['results'][pair]}", file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{record['stamp']}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / f"{record['stamp']}.md").write_text(markdown(record))
+    print(markdown(record))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
