@@ -51,12 +51,12 @@ _SPACE = r"/(?:[ ]|\\n|\\t|\\r)+/"
 _COMMENT = (r'/\/\/[^\\"\x00-\x1f]{0,160}\\n'
             r'|\(\*(?:[^*\\"\x00-\x1f]|\*+[^*)\\"\x00-\x1f]){0,160}\*+\)/')
 _UNIT = r"[0-9]+(?:\.[0-9]+)?(?:ms|us|ns|MS|US|NS|d|h|m|s|D|H|M|S)"
-_DURATION = rf"{_UNIT}(?:_?{_UNIT})*"
+_DURATION = rf"(?:{_UNIT})+"   # no "_" between units: the checker's parser refuses it
 _DIGITS = "[0-9](?:_?[0-9])*"
 _BASED = "2#[01](?:_?[01])*|8#[0-7](?:_?[0-7])*|16#[0-9A-Fa-f](?:_?[0-9A-Fa-f])*"
 # a variable's initial value: one ST literal (the JSON schema pattern of ``initial``)
 LITERAL_PATTERN = (rf"^(TRUE|FALSE|-?{_DIGITS}(\.{_DIGITS})?([eE][+-]?[0-9]+)?|{_BASED}"
-                   rf"|(T|TIME|LT|LTIME)#-?{_DURATION}|'[^'$\\\"]*')$")
+                   rf"|(T|TIME|LTIME)#-?{_DURATION}|'[^'$\\\"]*')$")
 _FIXED = rf"""
 %llguidance {{}}
 sp: SPACE
@@ -66,7 +66,7 @@ COMMENT: {_COMMENT}
 INT: /{_DIGITS}/
 BASED: /(?:{_BASED})/
 REAL: /{_DIGITS}\.{_DIGITS}(?:[eE][+-]?[0-9]+)?/
-TIME: /(?:T|TIME|LT|LTIME)#-?{_DURATION}/
+TIME: /(?:T|TIME|LTIME)#-?{_DURATION}/
 STRING: /'(?:[^'$\\"\x00-\x1f]|\$[$'LNPRTlnprt]|\$[0-9A-Fa-f]{{2}})*'/
 RANGE: /-?[0-9]+\.\.-?[0-9]+/
 literal: INT | BASED | REAL | TIME | STRING | "TRUE" | "FALSE"
