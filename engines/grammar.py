@@ -91,21 +91,13 @@ class GrammarCompiler:
         return grammar
 
     def compile_lark(self, lark: Lark) -> str:
-        """The grammar for a Lark text (built per request: not cached).
-
-        Raises:
-            GrammarError: the text is not a grammar llguidance accepts.
-        """
+        """The grammar for a Lark text, built per request while decoding: neither cached nor
+        validated apart (a matcher built on a bad one is in error, and ``Constraint``
+        reports it when it cannot replay the answer)."""
         try:
-            grammar = llguidance.grammar_from("lark", lark.text)
+            return str(llguidance.grammar_from("lark", lark.text))
         except ValueError as e:
             raise GrammarError(f"bad Lark grammar: {e}") from e
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-            grammar, self.tokenizer)
-        if is_error:
-            raise GrammarError("bad Lark grammar: " + "; ".join(
-                m.replace("\n", " ") for m in messages))
-        return grammar
 
     def constraint(self, grammar: str) -> Constraint:
         return Constraint(llguidance.LLMatcher(self.tokenizer, grammar), self.vocab_size,

@@ -204,13 +204,8 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
     return _FIXED + "\n".join(rules) + "\n"
 
 
-def _ci(name: str) -> str:
-    """``name`` as a case-insensitive regex (IEC names compare case-insensitively)."""
-    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in name)
-
-
 _NAME_RE = "[A-Za-z_][A-Za-z0-9_]{0,62}"
-_RESERVED_RE = "|".join(_ci(n) for n in sorted(RESERVED_NAMES))
+_RESERVED_RE = "|".join(re.escape(n) for n in sorted(RESERVED_NAMES))
 
 
 def name_grammar(head: str, taken: Iterable[str], item_rest: Sequence[Member],
@@ -220,12 +215,12 @@ def name_grammar(head: str, taken: Iterable[str], item_rest: Sequence[Member],
     a keyword or type name, nor ``taken``'s POU name), the rest of this variable
     (``item_rest``), more variables (``item``: each is narrowed the same way when its name
     comes), and the members after ``variables`` (``after``)."""
-    banned = "|".join([_RESERVED_RE, *(_ci(n) for n in sorted(set(taken)) if n)])
+    banned = "|".join([_RESERVED_RE, *(re.escape(n) for n in sorted(set(taken)) if n)])
     return "\n".join([
         "%llguidance {}",
         'start: HEAD NAME "\\"" item_rest "}" ("," item)* "]" tail',
         f"HEAD: {_lit(head)}",
-        f"NAME: /{_NAME_RE}/ & ~/(?:{banned})/",
+        f"NAME: /{_NAME_RE}/ & ~/(?i:{banned})/",   # IEC names compare case-insensitively
         "item_rest: " + " ".join(_member(*m) for m in item_rest),
         f"item: %json{json.dumps(item)}",
         "tail: " + " ".join(_member(*m) for m in after) + ' "}"', ""])
