@@ -154,13 +154,22 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
         if isinstance(data.get(key), str):
             props[key] = {"const": data[key]}
     keys = list(props)
-    if "body" not in keys or "variables" not in keys:
-        return Shape(s)
-    initial = props["variables"]["items"]["properties"].get("initial")
-    if isinstance(initial, dict):   # a literal, not free text after ':='
-        initial["pattern"] = st_grammar.LITERAL_PATTERN
-    required = set(s.get("required") or ())
     defs = s.get("$defs") or {}
+    variables = props.get("variables")
+    item = variables.get("items") if isinstance(variables, dict) else None
+    item = st_grammar.resolved(item, defs) if isinstance(item, dict) else None
+    item_props = (item or {}).get("properties") or {}
+    # the grammar takes over only where the schema leaves text free: a schema that fixes
+    # the names or the body (a const, an enum) keeps them as it says
+    names_free = _free_text(item_props.get("name"))
+    body_free = _free_text(props.get("body")) and names_free
+    if not (names_free and "body" in keys):
+        return Shape(s)
+    if _free_text(item_props.get("initial")):   # a literal, not free text after ':='
+        item_props["initial"] = {**item_props["initial"],
+                                 "pattern": st_grammar.LITERAL_PATTERN}
+        variables["items"] = item   # (a dict: names_free holds)
+    required = set(s.get("required") or ())
 
     def members(names: list[str], schemas: Mapping[str, Any], required: set[str]
                 ) -> list[st_grammar.Member]:
@@ -168,22 +177,27 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
 
     after_body = members(keys[keys.index("body") + 1:], props, required)
     after_vars = members(keys[keys.index("variables") + 1:], props, required)
-    item = st_grammar.resolved(props["variables"]["items"], defs)
-    item_keys = list(item["properties"])
-    item_rest = members(item_keys[item_keys.index("name") + 1:], item["properties"],
-                        set(item.get("required") or ()))
+    item_keys = list(item_props)
+    item_rest = members(item_keys[item_keys.index("name") + 1:], item_props,
+                        set((item or {}).get("required") or ()))
 
     def restage(text: str) -> Lark | None:
         found = st_grammar.head_pou(text)
         if found is not None:
-            body = st_grammar.body_grammar(*found, after_body)
+            body = st_grammar.body_grammar(*found, after_body) if body_free else None
             return None if body is None else Lark(body)
         named = st_grammar.naming(text)
         if named is None:
             return None
-        return Lark(st_grammar.name_grammar(*named, item_rest, item, after_vars))
+        return Lark(st_grammar.name_grammar(*named, item_rest, item or {}, after_vars))
 
     return Shape(s, restage=restage, restage_at='"')
+
+
+def _free_text(schema: Any) -> bool:
+    """A schema for a string the model writes freely (not fixed by a const or an enum)."""
+    return (isinstance(schema, dict) and schema.get("type") == "string"
+            and not {"const", "enum"} & set(schema))
 
 
 # the task's semantic validator names the kind of answer it is

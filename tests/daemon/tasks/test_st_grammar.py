@@ -5,6 +5,7 @@ validators pass."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,21 @@ def test_hot_samples_of_the_demo_model_pass_the_checks(runner: TaskRunner) -> No
         assert r.ok, (r.error, r.generation.text if r.generation else None)
         assert r.generation is not None and r.generation.text
     assert closed >= 3
+
+
+def test_a_schema_that_fixes_names_or_body_keeps_them() -> None:
+    """A task whose schema fixes the variables (``prefixItems``, ``items: false``) or the
+    body (an enum) is shaped without the grammar stages: they would override it."""
+    fixed_vars = {"type": "object", "required": ["pou_type", "name", "variables", "body"],
+                  "properties": {
+                      "pou_type": {"const": "PROGRAM"}, "name": {"const": "P"},
+                      "variables": {"type": "array", "items": False, "prefixItems": [
+                          {"type": "object", "properties": {"name": {"const": "x"}}}]},
+                      "body": {"enum": ["x := 1;"]}}}
+    assert shape(fixed_vars, ("st",), {"description": "d"}).restage is None
+    enum_body = json.loads(json.dumps(ST.output_schema))
+    enum_body["properties"]["body"] = {"enum": ["x := 1;"]}
+    restage = shape(enum_body, ("st",), {"description": "d"}).restage
+    assert restage is not None   # names are still narrowed, the body stays the enum
+    assert restage(compact(POU)[:-2] + ',{"section":"VAR","name":"') is not None
+    assert restage(_with_body("", POU)[:-2]) is None
