@@ -150,6 +150,7 @@ class RetriesConfig:
     budget_s: float = 60.0       # no retry starts later than this after the first try
     temperature: float = 0.7     # a greedy request's retries are sampled at this
     per_task: Mapping[str, int] = field(default_factory=dict)   # task name -> attempts
+    mode: str = "resample"       # resample, or feedback: the findings in the retry's prompt
 
 
 @dataclass(frozen=True)
@@ -517,7 +518,8 @@ _TOP = {
     "retries": _section(RetriesConfig, {
         "attempts": _int(1, 10), "budget_s": _num(0, YEAR_S, what="one year"),
         "temperature": _num(0, 2, strict=True),
-        "per_task": keyed.Key(_per_task, "a mapping of task name to attempts 1..10")}),
+        "per_task": keyed.Key(_per_task, "a mapping of task name to attempts 1..10"),
+        "mode": _choice("resample", "feedback")}),   # runner.RETRY_MODES
     "modbus": _section(ModbusConfig, {"reconnect_min_s": _num(0, DAY_S, strict=True,
                                                               what="one day"),
                                       "reconnect_max_s": _num(0, DAY_S, strict=True,

@@ -85,7 +85,7 @@ class Service:
                                    stuck_after_s=max(120.0, 2 * cfg.queue.request_timeout_s),
                                    on_start=lambda req: self.intake.started(req),
                                    retry=RetryPolicy(r.attempts, r.budget_s, r.temperature,
-                                                     dict(r.per_task)))
+                                                     dict(r.per_task), mode=r.mode))
         self.link = MQTTLink(cfg.mqtt, lambda msg: self.intake.on_message(msg), self._status,
                              self._on_connect, self.metrics)
         self.outbox = Outbox(self.journal, self.link, self.metrics)

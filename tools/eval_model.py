@@ -2,6 +2,7 @@
 
     python -m rung.tools.eval_model models/edge-tiny [--n 60] [--seed 1000] [--json OUT]
     python -m rung.tools.eval_model models/edge-tiny --inputs tests/data/handwritten.json
+    python -m rung.tools.eval_model models/edge-tiny --retry-mode feedback [--inputs ...]
 
 The checkpoint is exported twice (FFN gates as trained, and ``--ffn-skip off``); held-out
 instructions come from the corpus generator with a seed the training did not use. Reports:
@@ -10,6 +11,11 @@ syntax-valid and identifier-check pass rates, fault-tree-valid and diagnosis-val
 the FFN skip ratio at decode and its quality cost (teacher-forced next-token KL and greedy
 agreement of the gated engine against the ungated one on the reference answers), and the
 same comparison for an fp8 KV cache against fp32.
+
+``--retry-mode`` measures verified retries made that way (``RetryPolicy.mode``) and
+nothing else: on the held-out instructions the answers with retries on the shipped engine
+(the "+ verified retries" mechanism), on ``--inputs`` the hand-written requests; each task
+also reports how many retries carried the findings and how many were resampled.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from rung.daemon.tasks.runner import RetryPolicy, TaskRunner
+from rung.daemon.tasks.runner import (
+    FEEDBACK_FORMS,
+    RETRY_MODES,
+    Prepared,
+    RetryPolicy,
+    TaskResult,
+    TaskRunner,
+)
 from rung.daemon.tasks.task import load_tasks
 from rung.daemon.tasks.validate import check_schema
 from rung.engines import AnyEngine, load_engine
@@ -39,10 +52,25 @@ from rung.export.verify import logit_metrics
 from rung.tools.corpus import generate as corpus
 
 
-def _runner(engine_dir: Path, shaped: bool = True) -> TaskRunner:
+class _Tallied(TaskRunner):
+    """A runner that counts its retries per task: fed back (the prompt carried the
+    findings) or resampled."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.retries: Counter[str] = Counter()
+
+    def retry(self, prepared: Prepared, policy: RetryPolicy, failed: TaskResult) -> Prepared:
+        again = super().retry(prepared, policy, failed)
+        kind = "fed_back" if again.feedback else "resampled"
+        self.retries[f"{prepared.task.name}:{kind}"] += 1
+        return again
+
+
+def _runner(engine_dir: Path, shaped: bool = True) -> _Tallied:
     engine = load_engine(engine_dir)
-    return TaskRunner(engine, Tokenizer.load(engine_dir, engine.manifest.tokenizer),
-                      load_tasks(), engine_dir, shaped=shaped)
+    return _Tallied(engine, Tokenizer.load(engine_dir, engine.manifest.tokenizer),
+                    load_tasks(), engine_dir, shaped=shaped)
 
 
 def unconstrained(runner: TaskRunner, samples: list[dict[str, Any]]) -> float:
@@ -64,6 +92,7 @@ def constrained(runner: TaskRunner, samples: list[dict[str, Any]],
     ``retry``: with verified retries, as the daemon makes them."""
     counts: Counter[str] = Counter()
     seconds: Counter[str] = Counter()
+    tally = Counter(runner.retries) if isinstance(runner, _Tallied) else Counter()
     engine = runner.engine
     steps0, skips0 = engine.ffn_steps, (None if engine.ffn_skips is None
                                         else engine.ffn_skips.copy())
@@ -88,7 +117,8 @@ def constrained(runner: TaskRunner, samples: list[dict[str, Any]],
                     "schema_valid": counts[f"{t}:schema"] / max(counts[f"{t}:n"], 1),
                     "valid": counts[f"{t}:ok"] / max(counts[f"{t}:n"], 1),
                     "mean_attempts": counts[f"{t}:attempts"] / max(counts[f"{t}:n"], 1),
-                    "mean_s": seconds[t] / max(counts[f"{t}:n"], 1)}
+                    "mean_s": seconds[t] / max(counts[f"{t}:n"], 1),
+                    **_retries(runner, tally, t)}
                 for t in ("st_code", "fault_tree", "diagnosis")}
     n_st = max(counts["st_code:n"], 1)
     out: dict[str, Any] = {
@@ -103,6 +133,14 @@ def constrained(runner: TaskRunner, samples: list[dict[str, Any]],
         out["ffn_skip_ratio"] = float(skips.sum() / ((engine.ffn_steps - steps0) * len(skips)))
         out["ffn_skip_per_layer"] = (skips / (engine.ffn_steps - steps0)).round(3).tolist()
     return out
+
+
+def _retries(runner: TaskRunner, before: Counter[str], task: str) -> dict[str, int]:
+    """The retries of ``task`` made since ``before`` (a tally of ``runner.retries``)."""
+    if not isinstance(runner, _Tallied):
+        return {}
+    return {k: runner.retries[f"{task}:{k}"] - before[f"{task}:{k}"]
+            for k in ("fed_back", "resampled")}
 
 
 def teacher_forced(engine: AnyEngine, tok: Tokenizer, runner: TaskRunner,
@@ -152,23 +190,48 @@ def evaluate(model_dir: Path, n: int, seed: int) -> dict[str, Any]:
     return result
 
 
-def handwritten(model_dir: Path, path: Path) -> dict[str, Any]:
+def retries(model_dir: Path, n: int, seed: int, policy: RetryPolicy) -> dict[str, Any]:
+    """The held-out instructions answered with verified retries made by ``policy`` on the
+    shipped engine as ``evaluate`` measures it (gates as trained, fp32 KV, shapes on)."""
+    samples = corpus(n, seed=seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        engine_dir = Path(tmp) / "gated"
+        export(model_dir, engine_dir, ExportOptions(kv="fp32", ffn_skip="trained"))
+        return {"model": str(model_dir), "held_out": n, "seed": seed,
+                "retry": _policy(policy),
+                "constrained_retried": constrained(_runner(engine_dir), samples, policy)}
+
+
+def _policy(policy: RetryPolicy) -> dict[str, Any]:
+    return {"attempts": policy.attempts, "temperature": policy.temperature,
+            "mode": policy.mode, "form": policy.form,
+            "feedback_sampled": policy.feedback_sampled}
+
+
+def handwritten(model_dir: Path, path: Path,
+                policy: RetryPolicy | None = None) -> dict[str, Any]:
     """Requests written by hand (``tests/data/handwritten.json``) answered as ``rung serve``
-    answers them (gated engine, shapes, verified retries): per task the share valid, mean
-    tries, and for st_code the share whose POU uses every value the request states."""
+    answers them (gated engine, shapes, verified retries by ``policy``, default the
+    daemon's): per task the share valid, mean tries, mean seconds, the retries fed back and
+    resampled, and for st_code the share whose POU uses every value the request states."""
+    policy = policy or RetryPolicy()
     requests = json.loads(path.read_text(encoding="utf-8"))
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"retry": _policy(policy)}
     with tempfile.TemporaryDirectory() as tmp:
         engine_dir = Path(tmp) / "gated"
         export(model_dir, engine_dir, ExportOptions(ffn_skip="trained"))
         runner = _runner(engine_dir)
         for task in ("st_code", "fault_tree", "diagnosis"):
             inputs = requests[task]
-            results = [runner.run([(task, data)], SamplingParams(), retry=RetryPolicy())[0]
+            tally = Counter(runner.retries)
+            t0 = time.perf_counter()
+            results = [runner.run([(task, data)], SamplingParams(), retry=policy)[0]
                        for data in inputs]
             entry: dict[str, Any] = {
                 "n": len(inputs), "valid": sum(r.ok for r in results) / len(inputs),
                 "mean_attempts": sum(r.attempts for r in results) / len(inputs),
+                "mean_s": (time.perf_counter() - t0) / len(inputs),
+                **_retries(runner, tally, task),
                 "failures": [(r.error or {}).get("message") for r in results if not r.ok]}
             if task == "st_code":
                 rel = [bool((r.validation or {}).get("relevance", {}).get("ok"))
@@ -187,10 +250,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inputs", type=Path,
                    help="hand-written requests (tests/data/handwritten.json) instead of the "
                         "held-out corpus")
+    p.add_argument("--retry-mode", choices=RETRY_MODES,
+                   help="measure only verified retries made this way (RetryPolicy.mode)")
+    p.add_argument("--feedback-form", choices=FEEDBACK_FORMS, default=RetryPolicy.form,
+                   help="with --retry-mode feedback: how the findings are put (default "
+                        "%(default)s)")
+    p.add_argument("--feedback-greedy", dest="feedback_sampled", action="store_false",
+                   help="with --retry-mode feedback: sample the feedback tries as the "
+                        "request asks (greedy) instead of at the retry temperature")
     args = p.parse_args(argv)
     set_enabled(False)
-    result = (handwritten(args.model_dir, args.inputs) if args.inputs
-              else evaluate(args.model_dir, args.n, args.seed))
+    policy = (None if args.retry_mode is None else
+              RetryPolicy(mode=args.retry_mode, form=args.feedback_form,
+                          feedback_sampled=args.feedback_sampled))
+    result = (handwritten(args.model_dir, args.inputs, policy) if args.inputs
+              else evaluate(args.model_dir, args.n, args.seed) if policy is None
+              else retries(args.model_dir, args.n, args.seed, policy))
     text = json.dumps(result, indent=2, ensure_ascii=False)
     if args.json:
         args.json.write_text(text + "\n", encoding="utf-8")

@@ -7,6 +7,7 @@ the contract's error codes (``bad_request``, ``unknown_task``, ``too_long``, ``t
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -52,19 +53,47 @@ class Prepared:
     attempt: int = 1          # 1 = the first try; a verified retry counts on
     started: float = field(default_factory=time.monotonic)   # the first try's start
     failed_checks: tuple[str, ...] = ()   # of the tries before this one
+    feedback: bool = False    # this try's prompt carries the findings of the one before
+
+
+RETRY_MODES = ("resample", "feedback")
+FEEDBACK_FORMS = ("append", "transcript")
+# a feedback retry needs room for an answer this much longer than the failed one (or for
+# the request's max_tokens, when that is less); where its prompt leaves less, that try is
+# resampled instead (the demo model's appended-feedback answers average 1.3 times the
+# failed one's length)
+FEEDBACK_ROOM = 1.5
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Verified retries: an answer that fails validation is tried again, resampled with
-    another seed, up to ``attempts`` tries in all (per task: ``per_task``), as long as no
-    more than ``budget_s`` have passed since the first try started. Fail-closed after the
-    last: ``invalid_output`` with the last findings."""
+    """Verified retries: an answer that fails validation is tried again, up to
+    ``attempts`` tries in all (per task: ``per_task``), as long as no more than
+    ``budget_s`` have passed since the first try started. Fail-closed after the last:
+    ``invalid_output`` with the last findings.
+
+    ``mode``: how a retry is made. ``resample``: the same prompt, another seed.
+    ``feedback``: the prompt carries the validator's findings of the failed try
+    (``form``: ``append`` adds them to the task's user turn, ``transcript`` puts the
+    failed answer as the assistant's turn and the findings as the user's next one),
+    sampled as a resampled try is (or as the request asked, greedy staying greedy, without
+    ``feedback_sampled``); a try whose feedback prompt leaves too little room for the
+    answer (``FEEDBACK_ROOM``) is resampled instead.
+    Resampling is the default: with the demo model feedback passes no more answers, and
+    fewer where many failed (docs/benchmarks.md, "Answers that pass")."""
 
     attempts: int = 3
     budget_s: float = 60.0
     temperature: float = 0.7       # a greedy request is resampled at this temperature
     per_task: Mapping[str, int] = field(default_factory=dict)
+    mode: str = "resample"
+    form: str = "append"
+    feedback_sampled: bool = True   # feedback tries at ``temperature`` too
+
+    def __post_init__(self) -> None:
+        if self.mode not in RETRY_MODES or self.form not in FEEDBACK_FORMS:
+            raise ValueError(f"retry mode {self.mode!r}, form {self.form!r}: expected a "
+                             f"mode of {RETRY_MODES} and a form of {FEEDBACK_FORMS}")
 
     def allows(self, prepared: Prepared, result: TaskResult) -> bool:
         return (not result.ok and (result.error or {}).get("code") == "invalid_output"
@@ -151,15 +180,50 @@ class TaskRunner:
 
     def retry(self, prepared: Prepared, policy: RetryPolicy, failed: TaskResult) -> Prepared:
         """The next attempt at a request whose answer (``failed``) failed validation: the
-        same prompt and shape, sampled at ``policy.temperature`` at least, another seed."""
+        same shape; resampled (the task's prompt, at ``policy.temperature`` at least,
+        another seed) or, in feedback mode, prompted with the findings of ``failed`` (see
+        ``RetryPolicy``). The answer's computed start follows the prompt either way."""
         params = prepared.params
         seed = (params.seed or 0) + prepared.attempt   # a different draw each try
-        constraint, _, _ = self._shaped(prepared.task, prepared.data)
-        return replace(prepared, constraint=constraint, attempt=prepared.attempt + 1,
-                       failed_checks=failed.failed_checks,
-                       params=replace(params, seed=seed,
-                                      temperature=max(params.temperature,
-                                                      policy.temperature)))
+        constraint, prefix_ids, _ = self._shaped(prepared.task, prepared.data)
+        ids = (self.feedback_ids(prepared.task, prepared.data, failed, policy.form)
+               if policy.mode == "feedback" else None)
+        feedback = ids is not None and self._room_for(len(ids) + len(prefix_ids), params,
+                                                      failed)
+        if ids is None or not feedback:
+            ids = self.prompt_ids(prepared.task, prepared.data)
+        temperature = (params.temperature if feedback and not policy.feedback_sampled
+                       else max(params.temperature, policy.temperature))
+        return replace(prepared, ids=ids + prefix_ids, constraint=constraint,
+                       attempt=prepared.attempt + 1, failed_checks=failed.failed_checks,
+                       feedback=feedback,
+                       params=replace(params, seed=seed, temperature=temperature))
+
+    def feedback_ids(self, task: Task, data: Any, failed: TaskResult,
+                     form: str = "append") -> list[int] | None:
+        """The prompt of a feedback retry (``RetryPolicy.form``) as token ids; None when
+        ``failed`` has no answer to show."""
+        messages = task.messages(data)
+        findings = feedback_findings(failed)
+        if form == "append":
+            messages[-1] = {"role": messages[-1]["role"], "content": (
+                f"{messages[-1]['content'].rstrip()}\n\nA previous answer was refused: "
+                f"{findings}. Answer again without these errors.")}
+        else:
+            if failed.generation is None:
+                return None
+            messages += [{"role": "assistant", "content": failed.generation.text},
+                         {"role": "user", "content": f"This answer was refused: {findings}. "
+                                                     "Answer again without these errors."}]
+        return self.tokenizer.encode(self.render(messages), add_bos=None)
+
+    def _room_for(self, prompt_len: int, params: SamplingParams, failed: TaskResult) -> bool:
+        """Whether a prompt of ``prompt_len`` tokens leaves a retry room for its answer:
+        ``FEEDBACK_ROOM`` times the failed answer's length, or ``params.max_tokens``
+        when less."""
+        written = len(failed.generation.token_ids) if failed.generation is not None else 0
+        need = min(params.max_tokens, math.ceil(FEEDBACK_ROOM * written))
+        return prompt_len + need <= self.engine.manifest.dims.max_seq
 
     def _restager(self, restage: Callable[[str], dict[str, Any] | Lark | None], at: str
                   ) -> Callable[[list[int]], str | None]:
@@ -257,7 +321,8 @@ class TaskRunner:
             if messages[0]["role"] != "system":
                 raise
             merged = f"{messages[0]['content']}\n\n{messages[1]['content']}"
-            return self.tokenizer.render_chat([{"role": "user", "content": merged}])
+            return self.tokenizer.render_chat([{"role": "user", "content": merged},
+                                               *messages[2:]])
 
     def warm(self) -> dict[str, int]:
         """Prefill each task's fixed prompt head (the system prompt up to where the user's
@@ -327,6 +392,29 @@ def _failed_check(res: TaskResult) -> str:
                 and not section.get("advisory"):
             return name
     return (res.error or {}).get("code", "internal")
+
+
+# findings a feedback retry is shown, at most
+MAX_FINDINGS = 5
+
+
+def feedback_findings(res: TaskResult) -> str:
+    """The findings of a failed answer as one line for a feedback prompt: each failed
+    check's errors (``section: line L, column C: message``), distinct, at most
+    ``MAX_FINDINGS``; the error message where there are no sections."""
+    found: list[str] = []
+    for name, section in (res.validation or {}).items():
+        if not isinstance(section, dict) or section.get("ok", True) or section.get("advisory"):
+            continue
+        for err in section.get("errors") or []:
+            where = (f"line {err['line']}, column {err['column']}: " if "line" in err
+                     else f"{err['path']}: " if err.get("path") else "")
+            text = f"{name}: {where}{err.get('message', 'failed')}"
+            if text not in found:
+                found.append(text)
+    if not found:
+        return (res.error or {}).get("message", "validation failed")
+    return "; ".join(found[:MAX_FINDINGS])
 
 
 def _first_error(validation: Mapping[str, Any]) -> str:

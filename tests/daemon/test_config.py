@@ -82,6 +82,14 @@ def test_credentials_and_password_file(tmp_path: Path) -> None:
     assert cfg.mqtt.tls.ca_file == tmp_path / "ca.pem"
 
 
+def test_retries_mode(tmp_path: Path) -> None:
+    from rung.daemon.tasks.runner import RETRY_MODES, RetryPolicy
+
+    assert _parse({}, tmp_path).retries.mode == RetryPolicy().mode
+    for mode in RETRY_MODES:
+        assert _parse({"retries": {"mode": mode.upper()}}, tmp_path).retries.mode == mode
+
+
 def _yaml_file(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "rung.yaml"
     path.write_text(text)
@@ -136,6 +144,10 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
      "engine.provider: expected one of cpu, cuda, got 'rocm'"),
     ("provider with trt", {"engine": {"path": "e", "backend": "trt", "provider": "cuda"}},
      "engine.provider: applies to engine.backend onnx only"),
+    ("unknown retry mode", {"retries": {"mode": "reprompt"}},
+     "retries.mode: expected one of resample, feedback, got 'reprompt'"),
+    ("retry mode not a string", {"retries": {"mode": True}},
+     "retries.mode: expected one of resample, feedback, got True"),
 ]
 
 
