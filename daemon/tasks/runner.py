@@ -96,7 +96,14 @@ class RetryPolicy:
                              f"mode of {RETRY_MODES} and a form of {FEEDBACK_FORMS}")
 
     def allows(self, prepared: Prepared, result: TaskResult) -> bool:
-        return (not result.ok and (result.error or {}).get("code") == "invalid_output"
+        """Whether ``result`` gets another try: it failed its checks, or it ran out of the
+        task's own token budget before its JSON closed (a loop another draw may not
+        repeat; a request that asked for fewer tokens would run out again), and tries and
+        time are left."""
+        code = (result.error or {}).get("code")
+        retriable = code == "invalid_output" or (
+            code == "truncated" and prepared.params.max_tokens >= prepared.task.max_tokens)
+        return (not result.ok and retriable
                 and prepared.attempt < self.per_task.get(prepared.task.name, self.attempts)
                 and time.monotonic() - prepared.started < self.budget_s)
 

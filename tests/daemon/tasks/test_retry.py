@@ -165,3 +165,20 @@ def test_findings_are_the_failed_checks_errors() -> None:
 def test_a_policy_refuses_an_unknown_mode() -> None:
     with pytest.raises(ValueError, match="reprompt"):
         RetryPolicy(mode="reprompt")
+
+
+def test_an_answer_that_ran_out_of_the_tasks_tokens_is_tried_again(runner: TaskRunner) -> None:
+    """A truncated answer is retried when it used the task's whole budget (a loop another
+    draw may not repeat), not when the request itself asked for fewer tokens; an answer
+    refused for another reason (bad_request, internal) never is."""
+    policy = RetryPolicy(attempts=2)
+    full = _prepared(runner)
+    truncated = TaskResult("diagnosis", False, None, None,
+                           {"code": "truncated", "message": "max_tokens reached"}, None)
+    assert policy.allows(full, truncated)
+    assert not policy.allows(_prepared(runner, max_tokens=64), truncated)
+    assert not policy.allows(runner.retry(full, policy, truncated), truncated)  # tries spent
+    for code in ("internal", "bad_request"):
+        other = TaskResult("diagnosis", False, None, None, {"code": code, "message": "x"},
+                           None)
+        assert not policy.allows(full, other)
