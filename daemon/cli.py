@@ -38,9 +38,11 @@ def _export_parser(sub: Any) -> None:
                    "int4 decode step, at a cost recorded in the manifest)")
     p.add_argument("--kv", default="fp8", choices=["fp32", "fp16", "fp8"],
                    help="KV cache dtype (default fp8: e4m3 with per-token-per-head scales)")
-    p.add_argument("--ffn-skip", default="off", choices=["off", "calibrate", "trained"],
+    p.add_argument("--ffn-skip", default="auto",
+                   choices=["auto", "off", "calibrate", "trained"],
                    help="skip FFNs at decode behind gates: fitted from --calib-text, or "
-                   "as trained into the checkpoint")
+                   "as trained into the checkpoint (default auto: the checkpoint's trained "
+                   "gates when it has them, else none)")
     p.add_argument("--calib-text", type=Path, help="calibration text for --ffn-skip calibrate")
     p.add_argument("--quality-budget", type=float, default=0.05,
                    help="max mean next-token KL (nats) against the fp32 model on held-out "

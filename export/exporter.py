@@ -69,7 +69,9 @@ class ExportOptions:
     max_seq: int | None = None
     norm_eps: float | None = None
     verify: bool = True
-    ffn_skip: str = "off"        # off | calibrate | trained (gates shipped in the checkpoint)
+    # auto (the checkpoint's trained gates when it has them, else none) | off | calibrate |
+    # trained (gates shipped in the checkpoint, required)
+    ffn_skip: str = "auto"
     calib_text: Path | None = None
     # max mean next-token KL (nats) on held-out real text: of the FFN gates against the
     # unskipped model, and of the int8/int4 weights and of fp16/fp8 KV against fp32
@@ -87,7 +89,7 @@ WEIGHTS = ("fp32", "fp16", *BITS)
 # 8 bits, 7.1 bits per weight; 0.8: 0.0396 / 0.0388, 56 groups, 6.6 bits per weight)
 SELECT_MARGIN = 0.8
 TEXT_ROWS, TEXT_LENGTH = 12, 64  # real text: rows x tokens, teacher-forced
-FFN_SKIP = ("off", "calibrate", "trained")
+FFN_SKIP = ("auto", "off", "calibrate", "trained")
 GRAPHS = ("auto", "fused", "generic")
 KV = {"fp32": "float32", "fp16": "float16", "fp8": "float8_e4m3fn"}
 
@@ -309,11 +311,14 @@ def graph_form(opts: ExportOptions, cfg: ModelConfig | None = None) -> str:
 def prepare_gates(ckpt: Checkpoint, opts: ExportOptions) -> dict[str, Any] | None:
     """Strip, fit or keep the FFN gates; the manifest's ``ffn_gate`` record."""
     model = ckpt.model
-    if opts.ffn_skip == "off":
+    mode = opts.ffn_skip
+    if mode == "auto":   # a model trained with its gates expects them: keep what it carries
+        mode = "trained" if model.has_ffn_gates else "off"
+    if mode == "off":
         for layer in model.model.layers:
             layer.mlp.ffn_gate = None
         return None
-    if opts.ffn_skip == "trained":
+    if mode == "trained":
         if not model.has_ffn_gates:
             raise ExportError(f"{ckpt.path}: --ffn-skip trained, but the checkpoint has no "
                               "FFN gates", "use --ffn-skip calibrate --calib-text FILE")

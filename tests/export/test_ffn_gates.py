@@ -206,6 +206,12 @@ def test_trained_gates_load_from_a_checkpoint(checkpoints: dict[str, tuple[Path,
     engine = load_engine(tmp_path / "e")
     _decode(engine, [5, 6, 7], 4)
     assert engine.ffn_skips is not None and engine.ffn_skips.tolist() == [0, 4]
-    plain = export(hf, tmp_path / "p", ExportOptions(kv="fp32", max_seq=64))  # --ffn-skip off
+    # the default (auto) keeps the gates the checkpoint carries; off drops them
+    assert export(hf, tmp_path / "a", ExportOptions(kv="fp32", max_seq=64)).ffn_gate == {
+        "mode": "trained"}
+    plain = export(hf, tmp_path / "p", ExportOptions(kv="fp32", max_seq=64, ffn_skip="off"))
     assert plain.ffn_gate is None and "If" not in _op_types(tmp_path / "p")
     assert load_manifest(tmp_path / "p").outputs[1].name != "ffn_skipped"
+    # a checkpoint without gates exports without them under the default
+    assert export(checkpoints["qwen2"][0], tmp_path / "n",
+                  ExportOptions(kv="fp32", max_seq=64)).ffn_gate is None

@@ -37,3 +37,16 @@ def test_shipped_model_reaches_its_recorded_rates() -> None:
         for key in path:
             want, have = want[key], have[key]
         assert have >= want - MARGIN, (path, have, want)
+
+
+def test_a_plain_export_keeps_the_trained_gates(tmp_path: Path) -> None:
+    """``rung export`` without ``--ffn-skip`` keeps the gates a checkpoint was trained with
+    (the model expects them); ``off`` still drops them."""
+    from rung.daemon.cli import main as cli
+    from rung.engines.manifest import load_manifest
+
+    assert cli(["export", str(MODEL), "-o", str(tmp_path / "plain"), "--no-verify"]) == 0
+    assert load_manifest(tmp_path / "plain").ffn_gate == {"mode": "trained"}
+    assert cli(["export", str(MODEL), "-o", str(tmp_path / "off"), "--no-verify",
+                "--ffn-skip", "off"]) == 0
+    assert load_manifest(tmp_path / "off").ffn_gate is None
