@@ -27,6 +27,7 @@ from typing import Any
 
 import artifacts
 import numpy as np
+import report
 from machine import machine_info
 
 from rung.daemon.tasks.runner import TaskRunner, fast_decoding
@@ -206,10 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         record["results"][pair] = {t: {"decode": decode, "rung": summary(got[t]),
                                        "llama.cpp": summary(theirs[t])} for t in TASKS}
         print(f"schema_answers: {pair}: {record['results'][pair]}", file=sys.stderr)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{record['stamp']}.json").write_text(json.dumps(record, indent=1) + "\n")
-    (args.out / f"{record['stamp']}.md").write_text(markdown(record))
-    print(markdown(record))
+    report.publish(args.out, record, markdown(record).splitlines())
     return 0
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import machine
 import numpy as np
+import report
 
 from rung.daemon.tasks.runner import Prepared, TaskRunner
 from rung.daemon.tasks.task import load_tasks
@@ -115,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         for inputs, requests in (("held-out corpus", held_out), ("hand-written", hand)):
             record["results"][inputs] = {mode: measure(r, {t: requests[t] for t in TASKS})
                                          for mode, r in runners.items()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{record['stamp']}.json").write_text(json.dumps(record, indent=1) + "\n")
-    (args.out / f"{record['stamp']}.md").write_text(markdown(record))
-    print(markdown(record))
+    report.publish(args.out, record, markdown(record).splitlines())
     return 0
 
 
