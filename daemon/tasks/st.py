@@ -130,6 +130,7 @@ _DIRECT_RE = re.compile(r"%[IQM][XBWDL]?\d+(?:\.\d+)*")
 _BIT_RE = re.compile(r"(\b[A-Za-z_]\w*|\])\.(\d)")
 _BIT_WIDTH = {"BYTE": 8, "WORD": 16, "DWORD": 32, "LWORD": 64, "SINT": 8, "USINT": 8,
               "INT": 16, "UINT": 16, "DINT": 32, "UDINT": 32, "LINT": 64, "ULINT": 64}
+INTEGER_TYPES = frozenset(_BIT_WIDTH)   # integers and bit strings (FOR counters, bit access)
 _ASSIGN_EQ_RE = re.compile(r"^[A-Za-z_][\w.]*(?:\[[^\]]*\][\w.]*)*\s*=(?![=>])")
 _OPENERS = {"IF": "THEN", "ELSIF": "THEN", "WHILE": "DO", "FOR": "DO", "CASE": "OF"}
 _ASSIGNABLE = frozenset({"identifier", "member_access_expression", "index_expression",

@@ -1,8 +1,10 @@
-"""The ST body of one POU answer as a grammar over its own declarations.
+"""An ST answer's grammars over its own declarations (Lark, for llguidance).
 
-Once an ``st_code`` answer has written its header and ``variables`` (the text reaches
-``"body":"``), the body is generated under a Lark grammar (llguidance) built from those
-declarations, so two classes of refusal cannot be generated any more:
+While an ``st_code`` answer writes its ``variables``, each name (from its ``"name":"`` on)
+is one no earlier variable took, nor a keyword, a type name or the POU's name
+(``name_grammar``). Once the declarations are written (the text reaches ``"body":"``), the
+body is generated under a grammar built from them (``body_grammar``), so two classes of
+refusal cannot be generated any more:
 
 - syntax: statements are IEC 61131-3 ST as the checker's parser reads it (``IF``/``ELSIF``/
   ``ELSE``/``END_IF;``, ``CASE``, ``FOR``, ``WHILE``, ``REPEAT``, assignments, calls of FB
@@ -33,6 +35,7 @@ from rung.daemon.tasks.st import (
     CONVERSION_TYPES,
     FB_INPUTS,
     FB_OUTPUTS,
+    INTEGER_TYPES,
     RESERVED_NAMES,
     STANDARD_FUNCTIONS,
 )
@@ -125,8 +128,7 @@ def _is_array(type_text: str) -> bool:
 
 
 def _is_integer_like(type_text: str) -> bool:
-    return type_text.upper() in {"SINT", "INT", "DINT", "LINT", "USINT", "UINT", "UDINT",
-                                 "ULINT", "BYTE", "WORD", "DWORD", "LWORD"}
+    return type_text.upper() in INTEGER_TYPES
 
 
 def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
