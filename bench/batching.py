@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/batching.py [--preset qwen2.5-0.5b] [--kind rung] [--tokens 64]
                                        [--prompt 128] [--concurrency 1,2,4,8] [--threads 2]
+                                       [--engine DIR]
 
 For each N, N sequences with different random prompts of ``--prompt`` tokens join a
 ``BatchDecoder`` of N rows (the scheduler's engine loop) and each generates ``--tokens``
@@ -67,11 +68,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prepack", choices=["auto", "on", "off"], default="auto",
                     help="weight prepacking (auto: as the daemon chooses for max_batch = the "
                     "largest concurrency)")
+    ap.add_argument("--engine", type=Path, help="an engine directory to measure instead of "
+                    "the bench artifact (e.g. one exported by another revision); --kind names "
+                    "it in the record")
     args = ap.parse_args(argv)
-    art = artifacts.locate(args.preset)
-    artifacts.build(art, "hf")
-    artifacts.build(art, args.kind)
-    path = art.path(args.kind)
+    if args.engine is not None:
+        path = args.engine
+    else:
+        art = artifacts.locate(args.preset)
+        artifacts.build(art, "hf")
+        artifacts.build(art, args.kind)
+        path = art.path(args.kind)
     most = max(int(n) for n in args.concurrency.split(","))
     prepack = {"auto": None, "on": True, "off": False}[args.prepack]
     engine = load_engine(path, "onnx", EngineOptions(threads=args.threads, prepack=prepack,
