@@ -182,3 +182,25 @@ def test_an_answer_that_ran_out_of_the_tasks_tokens_is_tried_again(runner: TaskR
         other = TaskResult("diagnosis", False, None, None, {"code": code, "message": "x"},
                            None)
         assert not policy.allows(full, other)
+
+
+def test_a_template_without_a_system_role_keeps_the_whole_transcript() -> None:
+    """The system prompt goes to the head of the first user turn; the failed answer and the
+    findings turn of a transcript retry stay after it, in order."""
+    from types import SimpleNamespace
+
+    from rung.engines.errors import TokenizerError
+
+    class NoSystem:
+        def render_chat(self, messages: list[dict[str, str]]) -> str:
+            if any(m["role"] == "system" for m in messages):
+                raise TokenizerError("this template has no system role")
+            return "|".join(f"{m['role']}:{m['content']}" for m in messages)
+
+    host = SimpleNamespace(tokenizer=NoSystem())
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A"}, {"role": "user", "content": "F"}]
+    assert TaskRunner.render(host, chat) == "user:S\n\nU|assistant:A|user:F"  # type: ignore[arg-type]
+    with pytest.raises(TokenizerError):   # only the system role is worked around
+        TaskRunner.render(host, [{"role": "user", "content": "U"},  # type: ignore[arg-type]
+                                 {"role": "system", "content": "S"}])
