@@ -26,7 +26,7 @@ import json
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ def constrained(runner: TaskRunner, samples: list[dict[str, Any]],
     """Greedy, grammar-constrained answers one at a time (batch 1: the gates can act);
     ``retry``: with verified retries, as the daemon makes them."""
     counts: Counter[str] = Counter()
-    seconds: Counter[str] = Counter()
+    seconds: dict[str, float] = defaultdict(float)
     tally = Counter(runner.retries) if isinstance(runner, _Tallied) else Counter()
     engine = runner.engine
     steps0, skips0 = engine.ffn_steps, (None if engine.ffn_skips is None
