@@ -67,10 +67,11 @@ FEEDBACK_ROOM = 1.5
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Verified retries: an answer that fails validation is tried again, up to
-    ``attempts`` tries in all (per task: ``per_task``), as long as no more than
-    ``budget_s`` have passed since the first try started. Fail-closed after the last:
-    ``invalid_output`` with the last findings.
+    """Verified retries: an answer that fails validation, or loops to the task's token
+    limit, is tried again (``allows``), up to ``attempts`` tries in all (per task:
+    ``per_task``), as long as no more than ``budget_s`` have passed since the first try
+    started. Fail-closed after the last: ``invalid_output`` with the last findings, or
+    ``truncated``.
 
     ``mode``: how a retry is made. ``resample``: the same prompt, another seed.
     ``feedback``: the prompt carries the validator's findings of the failed try

@@ -36,7 +36,7 @@ class Shape:
     schema: Schema
     prefix: str = ""      # compact JSON the answer starts with (computed by code)
     # (the answer's text so far) -> the schema or grammar the whole answer must follow,
-    # once the text decides it (None: not yet); applied once while decoding
+    # once the text decides it (None: nothing new); applied each time it says something new
     restage: Callable[[str], Schema | Lark | None] | None = None
     restage_at: str = "["   # asked only after a token carrying this character
 
@@ -156,19 +156,20 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
     keys = list(props)
     defs = s.get("$defs") or {}
     variables = props.get("variables")
-    item = variables.get("items") if isinstance(variables, dict) else None
-    item = st_grammar.resolved(item, defs) if isinstance(item, dict) else None
-    item_props = (item or {}).get("properties") or {}
+    raw_item = variables.get("items") if isinstance(variables, dict) else None
     # the grammar takes over only where the schema leaves text free: a schema that fixes
     # the names or the body (a const, an enum) keeps them as it says
-    names_free = _free_text(item_props.get("name"))
-    body_free = _free_text(props.get("body")) and names_free
-    if not (names_free and "body" in keys):
+    if not (isinstance(raw_item, dict) and "body" in keys):
         return Shape(s)
+    item = st_grammar.resolved(raw_item, defs)
+    item_props = item.get("properties") or {}
+    if not _free_text(item_props.get("name")):
+        return Shape(s)
+    body_free = _free_text(props.get("body"))
     if _free_text(item_props.get("initial")):   # a literal, not free text after ':='
         item_props["initial"] = {**item_props["initial"],
                                  "pattern": st_grammar.LITERAL_PATTERN}
-        variables["items"] = item   # (a dict: names_free holds)
+        variables["items"] = item
     required = set(s.get("required") or ())
 
     def members(names: list[str], schemas: Mapping[str, Any], required: set[str]
@@ -179,7 +180,7 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
     after_vars = members(keys[keys.index("variables") + 1:], props, required)
     item_keys = list(item_props)
     item_rest = members(item_keys[item_keys.index("name") + 1:], item_props,
-                        set((item or {}).get("required") or ()))
+                        set(item.get("required") or ()))
 
     def restage(text: str) -> Lark | None:
         found = st_grammar.head_pou(text)
@@ -189,7 +190,7 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
         named = st_grammar.naming(text)
         if named is None:
             return None
-        return Lark(st_grammar.name_grammar(*named, item_rest, item or {}, after_vars))
+        return Lark(st_grammar.name_grammar(*named, item_rest, item, after_vars))
 
     return Shape(s, restage=restage, restage_at='"')
 
