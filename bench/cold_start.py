@@ -8,6 +8,7 @@ turns run by run, so drift falls on all alike; the page cache is warm (the engin
 just exported or loaded), as after a service restart on the same box.
 
     python bench/cold_start.py ENGINE_DIR... [--runs 5] [--threads 2] [--out bench/results]
+                                             [--decode auto|plain|fast] [--tag NAME]
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from rung.engines.manifest import load_manifest, sha256_file
 from rung.engines.onnx_engine import OnnxEngine
 from rung.engines.tokenizer import Tokenizer
 t1 = time.perf_counter()
-d, options = Path(sys.argv[1]), engine_options("onnx", threads=int(sys.argv[2]))
+d = Path(sys.argv[1])
+options = engine_options("onnx", threads=int(sys.argv[2]), decode=sys.argv[4])
 if sys.argv[3] == "sha256-first":   # the earlier load: every artifact hashed, then the session
     m = load_manifest(d, verify_artifacts=False)
     assert all(sha256_file(d / f) == digest for f, digest in m.artifacts.items())
@@ -58,9 +60,10 @@ print(json.dumps({"import_ms": (t1 - t0) * 1e3, "engine_ms": (t2 - t1) * 1e3,
 PARTS = ("import_ms", "engine_ms", "tokenizer_ms", "first_token_ms")
 
 
-def one_run(engine_dir: Path, threads: int, mode: str) -> dict[str, Any]:
+def one_run(engine_dir: Path, threads: int, mode: str, decode: str) -> dict[str, Any]:
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(engine_dir), str(threads), mode],
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(engine_dir), str(threads), mode,
+                             decode],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -80,13 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sha256-first", action="store_true",
                     help="also time the earlier load (sha256 of every artifact, then the "
                     "session), side by side")
+    ap.add_argument("--decode", default="auto", choices=("auto", "plain", "fast"),
+                    help="the decoding the engine is loaded for, as engine.decode (auto, the "
+                    "daemon's default, packs fp32 weights where it decodes fast)")
+    ap.add_argument("--tag", default="", help="appended to the results' file name")
     args = ap.parse_args(argv)
     modes = ["load_engine", *(["sha256-first"] if args.sha256_first else [])]
     runs: dict[tuple[Path, str], list[dict[str, Any]]] = {
         (e, mode): [] for e in args.engines for mode in modes}
     for _ in range(args.runs):
         for e, mode in runs:
-            runs[(e, mode)].append(one_run(e, args.threads, mode))
+            runs[(e, mode)].append(one_run(e, args.threads, mode, args.decode))
     rows = ["| engine | load | weights | files MB | process start to first token ms | import | "
             "engine load | tokenizer | prefill to first token |", "|---" * 9 + "|"]
     results = {}
@@ -101,12 +108,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"{med['start_to_first_token_ms']:.0f} | "
                     + " | ".join(f"{med[k]:.0f}" for k in PARTS) + " |")
     m = machine.machine_info()
-    record = {"stamp": time.strftime("%Y-%m-%d") + "-cold-start",
+    record = {"stamp": time.strftime("%Y-%m-%d") + "-cold-start"
+              + (f"-{args.tag}" if args.tag else ""), "decode": args.decode,
               "command": " ".join(sys.orig_argv), "machine": m, "runs": args.runs,
               "threads": args.threads, "results": results}
     publish(args.out, record, [
         f"# Cold start ({m['cpu_model']}, {', '.join(m['simd'])}; median of {args.runs} "
-        f"processes each)", "", *rows])
+        f"processes each; engines loaded for decode {args.decode})", "",
+        f"Command: `{record['command']}`", "", *rows])
     return 0
 
 

@@ -1,6 +1,7 @@
 """Structured answers with fast decoding against plain decoding, on the demo model.
 
     cd bench && ../.venv/bin/python fast_decode.py [--n 12] [--engines DIR ...] [--no-demo]
+                                                   [--tag NAME]
 
 Held-out corpus requests (seed 1000), greedy, through the task runner (shapes on), one at a
 time and as a 4-row continuous batch: answer time, decode steps, draft tokens offered, of
@@ -29,6 +30,7 @@ from rung.daemon.tasks.runner import TaskRunner
 from rung.daemon.tasks.task import load_tasks
 from rung.engines import load_engine
 from rung.engines.batch import BatchDecoder
+from rung.engines.onnx_engine import EngineOptions
 from rung.engines.sampler import SamplingParams
 from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
@@ -56,7 +58,9 @@ def _run(runner: TaskRunner, samples: list[dict[str, Any]], fast: bool,
 
 
 def measure(engine_dir: Path, samples: list[dict[str, Any]]) -> dict[str, Any]:
-    engine = load_engine(engine_dir)
+    # as the daemon loads it under engine.decode auto (fp32 weights prepacked where drafts
+    # make steps of several tokens); plain decoding is measured on the same session
+    engine = load_engine(engine_dir, options=EngineOptions(decode="auto"))
     runner = TaskRunner(engine, Tokenizer.load(engine_dir, engine.manifest.tokenizer),
                         load_tasks(), engine_dir)
     out: dict[str, Any] = {}
@@ -84,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", nargs="*", type=Path, default=[],
                     help="also measure these engine directories")
     ap.add_argument("--no-demo", action="store_true", help="skip the demo model")
+    ap.add_argument("--tag", default="", help="appended to the results' file name")
     args = ap.parse_args(argv)
     from rung.export.exporter import ExportOptions, export
 
@@ -100,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         m = load_engine(engine_dir).manifest
         results[f"{engine_dir.name} ({m.weights}, {m.kv.dtype} KV)"] = measure(engine_dir,
                                                                               samples)
-    stamp = time.strftime("%Y-%m-%d") + "-fast-decode" + ("-engines" if args.no_demo else "")
+    stamp = (time.strftime("%Y-%m-%d") + "-fast-decode" + ("-engines" if args.no_demo else "")
+             + (f"-{args.tag}" if args.tag else ""))
     record = {"stamp": stamp, "command": shlex.join(["python", *sys.orig_argv[1:]]),
               "machine": machine_info(), "n": args.n, "results": results}
     lines = [f"# Fast decoding {stamp} ({args.n} held-out requests, greedy)", "",

@@ -44,7 +44,7 @@ TASKS = ("st_code", "fault_tree", "diagnosis")
 
 def rung_answers(engine_dir: Path, requests: dict[str, list[Any]], threads: int
                  ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[list[int]]], str]:
-    engine = load_engine(engine_dir, "onnx", EngineOptions(threads=threads))
+    engine = load_engine(engine_dir, "onnx", EngineOptions(threads=threads, decode="auto"))
     tok = Tokenizer.load(engine_dir, engine.manifest.tokenizer)
     fast = fast_decoding("auto", engine)
     runner = TaskRunner(engine, tok, load_tasks(), engine_dir, fast=fast)

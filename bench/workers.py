@@ -49,13 +49,15 @@ def token_ids(seed: int, vocab: int, n: int) -> np.ndarray:
 
 # -- engines ---------------------------------------------------------------------------------
 class RungRunner:
-    """rung's OnnxEngine, called directly (no daemon, no sampler)."""
+    """rung's OnnxEngine, called directly (no daemon, no sampler), its session set up as
+    the daemon's defaults set it up (``engine.decode: auto``: fp32 weights prepacked where
+    auto decodes fast)."""
 
     def __init__(self, engine_dir: Path, threads: int) -> None:
         from rung.engines import load_engine
         from rung.engines.onnx_engine import EngineOptions
 
-        self.engine = load_engine(engine_dir, "onnx", EngineOptions(threads=threads))
+        self.engine = load_engine(engine_dir, "onnx", EngineOptions(threads=threads, decode="auto"))
         self.cache: Any = None
 
     def reset(self, max_len: int) -> None:

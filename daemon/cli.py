@@ -224,7 +224,7 @@ def run_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with step(f"loading engine {args.engine_dir}"):
         engine = load_engine(args.engine_dir, args.backend, engine_options(
-            args.backend, args.provider, threads=args.threads))
+            args.backend, args.provider, threads=args.threads, decode=args.decode))
         tok = Tokenizer.load(args.engine_dir, engine.manifest.tokenizer)
     load_ms = (time.perf_counter() - t0) * 1000
     prefix = _prefix_cache(args, engine)

@@ -62,7 +62,7 @@ class EngineConfig:
     path: Path  # relative paths resolve against the config file's folder
     threads: int = 0  # intra-op threads; 0 = the ONNX Runtime default
     max_batch: int = 1  # requests decoded together
-    prepack: bool | None = None  # ONNX Runtime weight prepacking; None = by precision, batch
+    prepack: bool | None = None  # ONNX Runtime weight prepacking; None = by precision, steps
     backend: str = "onnx"  # onnx (ONNX Runtime) | trt (the TensorRT plan of --target trt)
     provider: str | None = None  # ONNX Runtime's execution provider: cpu (None) | cuda
     decode: str = "auto"  # plain | fast (drafts checked per step) | auto (fast where exact)

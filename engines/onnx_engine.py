@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnxruntime as ort
 
+from rung.engines.drafts import multi_token
 from rung.engines.errors import EngineError
 from rung.engines.graph_check import check_manifest, session_signature
 from rung.engines.kv import KVCache
@@ -38,16 +39,20 @@ class EngineOptions:
     second copy of the weights, seconds of load); off, the weights stay in the external
     data file, mapped and paged in as used. None (default) chooses: on for int8/int4,
     whose MatMulNBits kernels need their packed layout (0.7 tok/s without it); for
-    fp32/fp16 on only when ``max_batch`` (the rows the caller runs together) is above one.
-    Unpacked fp32 weights decode one row at full speed (the fused graph's FusedMatMul reads
-    them as they lie) at 1.06x of weights + KV in peak RSS instead of 1.33x, but every step of
-    several rows packs them again: on the 0.5B bench model 4 rows ran at 1.65-1.95x one
-    row's rate unpacked, 3.4-3.6x packed (docs/benchmarks.md, "Continuous batching")."""
+    fp32/fp16 on where the caller runs steps of several tokens: ``max_batch`` (the rows it
+    runs together) above one, or ``decode`` (its decoding: plain|fast|auto) fast on this
+    engine (drafts checked in the step, ``drafts.multi_token``). Unpacked fp32 weights cost
+    1.06x of weights + KV in peak RSS instead of 1.33x, but every step of several tokens
+    packs them again (0.5B bench model, fused graph: a step of 2 tokens 1.8x the time of
+    one unpacked, 1.04x packed), and one row decodes slower too (0.5B: 112 against 70 ms a
+    step; SmolLM2-135M: 24.3 against 19.6 ms; docs/benchmarks.md, "Memory and load
+    time")."""
 
     provider: str = "cpu"
     threads: int = 0
     prepack: bool | None = None
     max_batch: int = 1
+    decode: str = "plain"
 
 
 class OnnxEngine:
@@ -77,7 +82,9 @@ class OnnxEngine:
         so.inter_op_num_threads = 1
         prepack = options.prepack
         if prepack is None:
-            prepack = manifest.weights in PREPACKED_WEIGHTS or options.max_batch > 1
+            gated = any(o.name == "ffn_skipped" for o in manifest.outputs)
+            prepack = (manifest.weights in PREPACKED_WEIGHTS or options.max_batch > 1
+                       or multi_token(options.decode, manifest.weights, gated))
         if not prepack:
             so.add_session_config_entry("session.disable_prepacking", "1")
         path = Path(engine_dir) / manifest.graph_file

@@ -18,6 +18,7 @@ from rung.daemon.tasks import shaping
 from rung.daemon.tasks.task import Task, TaskError
 from rung.daemon.tasks.validate import validate_output
 from rung.engines import AnyEngine
+from rung.engines.drafts import inexact
 from rung.engines.errors import GenerationError, RungError, TokenizerError
 from rung.engines.generate import generate
 from rung.engines.grammar import Constraint, GrammarCompiler, GrammarError, Lark
@@ -367,25 +368,16 @@ class TaskRunner:
         return TaskResult(task.name, ok, output, validation, error, gen)
 
 
-# weights whose kernels compute a multi-token step otherwise than a one-token step: ONNX
-# Runtime's MatMulNBits takes another path for several rows, so a draft checked in a
-# k-token step can meet a near-tie the one-token step breaks the other way (SmolLM2 int4:
-# 2 of 12 answers token for token the same; docs/benchmarks.md, "Fast decoding")
-ROW_DEPENDENT_WEIGHTS = ("int8", "int4")
-
-
 def fast_decoding(decode: str, engine: AnyEngine, key: str = "engine.decode") -> bool:
     """``decode`` (``key``: where it was given) resolved. Fast decoding must answer exactly
     as plain decoding does, so it applies to an engine without FFN gates (drafts run its
-    FFNs unskipped) and with float weights (see ``ROW_DEPENDENT_WEIGHTS``): auto chooses it
+    FFNs unskipped) and with float weights (see ``drafts.inexact``): auto chooses it
     there and plain elsewhere; fast asked of another engine is refused.
 
     Raises:
         GenerationError: fast on an engine where it would answer otherwise.
     """
-    why = ("its FFN gates" if engine.ffn_skips is not None
-           else f"its {engine.manifest.weights} weights"
-           if engine.manifest.weights in ROW_DEPENDENT_WEIGHTS else None)
+    why = inexact(engine.manifest.weights, engine.ffn_skips is not None)
     if decode == "fast" and why is not None:
         raise GenerationError(f"{key} fast: on this engine fast decoding would answer "
                               f"otherwise than plain decoding ({why})",

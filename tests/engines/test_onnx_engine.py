@@ -110,3 +110,33 @@ def test_unknown_provider(engines: dict[str, Path]) -> None:
 def test_unknown_backend(engines: dict[str, Path]) -> None:
     with pytest.raises(EngineError, match="unknown engine backend"):
         load_engine(engines["llama"], backend="tensorrt-llm")
+
+
+def _packs(engine: OnnxEngine) -> bool:
+    """Whether ONNX Runtime was left to prepack the engine's weights."""
+    try:
+        off = engine.session.get_session_options().get_session_config_entry(
+            "session.disable_prepacking")
+    except RuntimeError:   # never set
+        return True
+    return off != "1"
+
+
+@pytest.mark.parametrize("max_batch,decode,packs", [
+    (1, "plain", False),   # one token per step: fp32 weights read as they lie
+    (1, "auto", True),     # fast decoding checks drafts: steps of several tokens
+    (1, "fast", True),
+    (4, "plain", True),    # several rows per step
+])
+def test_float_weights_are_prepacked_where_steps_hold_several_tokens(
+        engines: dict[str, Path], max_batch: int, decode: str, packs: bool) -> None:
+    engine = load_engine(engines["llama"], options=EngineOptions(max_batch=max_batch,
+                                                                 decode=decode))
+    assert _packs(engine) is packs
+
+
+def test_a_gated_engine_decoding_plain_under_auto_is_not_prepacked(edge_engine: Path) -> None:
+    """auto decodes a gated engine plain (drafts would run its FFNs unskipped), one token a
+    step: its fp32 weights stay unpacked; an explicit prepack wins either way."""
+    assert not _packs(load_engine(edge_engine, options=EngineOptions(decode="auto")))
+    assert _packs(load_engine(edge_engine, options=EngineOptions(decode="auto", prepack=True)))

@@ -1,0 +1,81 @@
+"""What a step of several new tokens costs against a step of one, weights packed or not.
+
+    cd bench && ../.venv/bin/python step_cost.py ENGINE_DIR... [--prompt 200] [--threads 2]
+
+Fast decoding checks its drafts in the step that feeds a row's last token, so it pays off
+as far as a step over 1 + k tokens costs little more than a step over one. For each engine
+and for ONNX Runtime's weight prepacking off and on (each in its own session): a
+``--prompt``-token prefill, then steps of 1, 2, 3, 5 and 9 new tokens from the same cache
+length (the cache set back after each), 3 rounds x 5 steps each, median step time. Writes
+``bench/results/<date>-step-cost.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import report
+from machine import machine_info
+
+from rung.engines import load_engine
+from rung.engines.onnx_engine import EngineOptions
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SIZES = (1, 2, 3, 5, 9)
+
+
+def measure(engine_dir: Path, prepack: bool, prompt: int, threads: int) -> dict[int, float]:
+    """Median ms of a step over n new tokens, per n."""
+    engine = load_engine(engine_dir, "onnx", EngineOptions(threads=threads, prepack=prepack))
+    rng = np.random.default_rng(0)
+    cache = engine.new_cache(1)
+    engine.forward(cache, rng.integers(100, 1000, (1, prompt)), np.array([prompt]))
+    base = int(cache.lengths[0])
+    times: dict[int, list[float]] = {n: [] for n in SIZES}
+    for _ in range(3):
+        for n in SIZES:
+            for _ in range(5):
+                cache.lengths[:] = base
+                t = time.perf_counter()
+                engine.forward(cache, rng.integers(100, 1000, (1, n)), np.array([n]),
+                               np.arange(n, dtype=np.int64)[None])
+                times[n].append((time.perf_counter() - t) * 1e3)
+    return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("engines", nargs="+", type=Path)
+    ap.add_argument("--prompt", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    results: dict[str, Any] = {}
+    for d in args.engines:
+        weights = load_engine(d, "onnx", EngineOptions(prepack=False)).manifest.weights
+        for prepack in (False, True):
+            name = f"{d.parent.name}/{d.name} ({weights}), prepack {'on' if prepack else 'off'}"
+            results[name] = measure(d, prepack, args.prompt, args.threads)
+    stamp = time.strftime("%Y-%m-%d") + "-step-cost"
+    record = {"stamp": stamp, "command": shlex.join(["python", *sys.orig_argv[1:]]),
+              "machine": machine_info(), "prompt": args.prompt, "threads": args.threads,
+              "results": {k: {str(n): ms for n, ms in v.items()} for k, v in results.items()}}
+    head = " | ".join(f"{n} token{'s' if n > 1 else ''}" for n in SIZES)
+    lines = [f"# Step cost {stamp} (after a {args.prompt}-token prompt, {args.threads} threads)",
+             "", f"Command: `{record['command']}`", "",
+             f"| engine | {head} |", "|---|" + "---|" * len(SIZES)]
+    for name, ms in results.items():
+        cells = " | ".join(f"{ms[n]:.1f} ms ({ms[n] / ms[1]:.2f}x)" for n in SIZES)
+        lines.append(f"| {name} | {cells} |")
+    report.publish(RESULTS, record, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
