@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=4, help="held-out requests per task")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--tag", default="", help="appended to the results' file name")
     args = p.parse_args(argv)
     pairs = {k: tuple(v.split(":")) for k, v in
              (item.split("=") for item in args.pairs.split(","))}
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(requests[s["task"]]) < args.n:
             requests[s["task"]].append(s["input"])
     tasks = load_tasks()
-    record: dict[str, Any] = {"stamp": time.strftime("%Y-%m-%d") + "-schema-answers",
+    record: dict[str, Any] = {"stamp": time.strftime("%Y-%m-%d") + "-schema-answers"
+                              + (f"-{args.tag}" if args.tag else ""),
                               "command": shlex.join(sys.orig_argv), "machine": machine_info(),
                               "preset": args.preset, "n": args.n, "results": {},
                               "token_batches": {}}
