@@ -38,6 +38,7 @@ from rung.tools.corpus import generate as corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+TASK_ORDER = ("st_code", "fault_tree", "diagnosis")
 
 
 def _run(runner: TaskRunner, samples: list[dict[str, Any]], fast: bool,
@@ -55,6 +56,13 @@ def _run(runner: TaskRunner, samples: list[dict[str, Any]], fast: bool,
             dec.add(i, p.ids, p.params, p.constraint)   # type: ignore[union-attr]
         got.update(dec.step())
     return time.perf_counter() - t0, [got[i] for i in range(len(samples))]
+
+
+def _answer_s(gens: list[Generation]) -> float:
+    """Seconds from request to last token, summed over answers decoded one at a time."""
+    return sum(g.ttft_ms / 1e3 + (len(g.token_ids) - 1) / g.decode_tok_s
+               if len(g.token_ids) > 1 and g.decode_tok_s > 0 else g.ttft_ms / 1e3
+               for g in gens)
 
 
 def measure(engine_dir: Path, samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -79,6 +87,13 @@ def measure(engine_dir: Path, samples: list[dict[str, Any]]) -> dict[str, Any]:
             "accepted": sum(g.accepted_tokens for g in fast),
             "plain_tok_s": sum(len(g.token_ids) for g in plain) / plain_s,
             "fast_tok_s": tokens / fast_s}
+        if rows == 1:   # one request at a time: each answer's own time, summed per task
+            out["per_task"] = {
+                task: _answer_s([g for g, s in zip(plain, samples, strict=True)
+                                 if s["task"] == task])
+                / _answer_s([g for g, s in zip(fast, samples, strict=True)
+                             if s["task"] == task])
+                for task in sorted({s["task"] for s in samples})}
     return out
 
 
@@ -116,11 +131,19 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, by_rows in results.items():
         for rows, r in by_rows.items():
+            if rows == "per_task":
+                continue
             lines.append(f"| {name} | {rows[4:]} | {r['plain_s']:.2f} | {r['fast_s']:.2f} | "
                          f"{r['speedup']:.2f}x | {r['identical']}/{r['answers']} | "
                          f"{r['plain_steps']} / {r['fast_steps']} | {r['drafted']} | "
                          f"{r['forced']} | {r['accepted']} | {r['plain_tok_s']:.0f} / "
                          f"{r['fast_tok_s']:.0f} |")
+    lines += ["", "Answer time plain / fast per task, one request at a time:", "",
+              "| engine | " + " | ".join(TASK_ORDER) + " |", "|---|" + "---|" * len(TASK_ORDER)]
+    for name, by_rows in results.items():
+        per = by_rows["per_task"]
+        lines.append(f"| {name} | " + " | ".join(
+            f"{per[t]:.2f}x" if t in per else "-" for t in TASK_ORDER) + " |")
     report.publish(RESULTS, record, lines)
     return 0
 
