@@ -463,7 +463,12 @@ def test_kill9_with_requests_in_flight(broker: Broker, edge_engine: Path,
         daemon.stop()
     assert early < 6
     assert sorted(replies) == sorted(f"k{i}" for i in range(9))
-    assert all(len(v) == 1 for v in replies.values()), {k: len(v) for k, v in replies.items()}
+    # docs/mqtt.md, crash windows: an answer the broker acknowledged just before the kill,
+    # before the journal marked it delivered, is published once more after the restart:
+    # the same stored answer, same body. Requests sent while rung was down come once.
+    for k, v in replies.items():
+        assert all(r.body == v[0].body for r in v), k
+        assert len(v) == 1 or int(k[1:]) < 6, {k: len(v) for k, v in replies.items()}
     assert any(str(r.get("msg")).startswith("recovered") for r in daemon.lines())
 
 
