@@ -66,6 +66,7 @@ class EngineConfig:
     backend: str = "onnx"  # onnx (ONNX Runtime) | trt (the TensorRT plan of --target trt)
     provider: str | None = None  # ONNX Runtime's execution provider: cpu (None) | cuda
     decode: str = "auto"  # plain | fast (drafts checked per step) | auto (fast where exact)
+    load_parts: int = 0  # sessions the graph is built as, in parallel: 0 = auto (by size), 1, 2
 
 
 @dataclass(frozen=True)
@@ -491,7 +492,8 @@ _TOP = {
                                       "backend": _choice("onnx", "trt"),
                                       "provider": keyed.Key(_choice("cpu", "cuda").conv,
                                                        "one of cpu, cuda", nullable=True),
-                                      "decode": _choice("auto", "plain", "fast")},
+                                      "decode": _choice("auto", "plain", "fast"),
+                                      "load_parts": _int(0, 2)},
                        check=_check_engine),
     "mqtt": _section(MQTTConfig, _MQTT, check=_check_mqtt),
     "queue": _section(QueueConfig, {"max_pending": _int(1, MAX_PENDING),

@@ -48,7 +48,8 @@ def build_runner(cfg: Config) -> TaskRunner:
 
     e = cfg.engine
     engine = load_engine(e.path, e.backend, engine_options(e.backend, e.provider, e.threads,
-                                                           e.prepack, e.max_batch, e.decode))
+                                                           e.prepack, e.max_batch, e.decode,
+                                                           e.load_parts))
     m = engine.manifest
     tok = Tokenizer.load(cfg.engine.path, m.tokenizer)
     store = ColdStore(m.engine_id, int(cfg.kv.ram_mb * 2**20),

@@ -100,7 +100,7 @@ def load_engine(engine_dir: Path, backend: str = "onnx", options: Any = None) ->
 
 def engine_options(backend: str, provider: str | None = None, threads: int = 0,
                    prepack: bool | None = None, max_batch: int = 1,
-                   decode: str = "plain") -> Any:
+                   decode: str = "plain", load_parts: int = 0) -> Any:
     """The options of ``backend``: ONNX Runtime's (``provider`` cpu by default; cuda only
     where ONNX Runtime has its CUDA execution provider) or TensorRT's.
 
@@ -122,4 +122,4 @@ def engine_options(backend: str, provider: str | None = None, threads: int = 0,
         require_ort_cuda()
     from rung.engines.onnx_engine import EngineOptions
     return EngineOptions(provider=provider or "cpu", threads=threads, prepack=prepack,
-                         max_batch=max_batch, decode=decode)
+                         max_batch=max_batch, decode=decode, load_parts=load_parts)

@@ -13,6 +13,7 @@ but is not tested without a GPU.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnxruntime as ort
 
+from rung.engines import parted
 from rung.engines.drafts import multi_token
 from rung.engines.errors import EngineError
 from rung.engines.graph_check import check_manifest, session_signature
@@ -46,13 +48,30 @@ class EngineOptions:
     packs them again (0.5B bench model, fused graph: a step of 2 tokens 1.8x the time of
     one unpacked, 1.04x packed), and one row decodes slower too (0.5B: 112 against 70 ms a
     step; SmolLM2-135M: 24.3 against 19.6 ms; docs/benchmarks.md, "Memory and load
-    time")."""
+    time"). ``load_parts``: the graph built as this many sessions at once (``parted``): 1 or
+    2; 0 (default) chooses 2 where packing is on, a second core is free and the engine's
+    files weigh ``PARTED_LOAD_BYTES`` or more (packing then dominates the load)."""
 
     provider: str = "cpu"
     threads: int = 0
     prepack: bool | None = None
     max_batch: int = 1
     decode: str = "plain"
+    load_parts: int = 0
+
+
+# engines whose files weigh less than this load as one session: there a parted load's probe
+# and second session cost about what the parallel packing saves (SmolLM2-135M int4, 236 MB:
+# 238 against 207 ms), and each step pays for the second run (~0.5 ms)
+PARTED_LOAD_BYTES = 512 * 2**20
+
+
+def _parallel_load_pays(engine_dir: Path, manifest: Manifest) -> bool:
+    """Whether building the graph as two sessions at once shortens the load here: packing
+    is on (the caller checks), there is a second core, and the weights are large."""
+    size = sum((Path(engine_dir) / f).stat().st_size for f in manifest.artifacts
+               if (Path(engine_dir) / f).is_file())
+    return len(os.sched_getaffinity(0)) > 1 and size >= PARTED_LOAD_BYTES
 
 
 class OnnxEngine:
@@ -75,22 +94,27 @@ class OnnxEngine:
             raise EngineError(f"the fused graph runs on provider cpu, not {options.provider}",
                               "export the engine with --graph generic for ONNX Runtime's "
                               f"{options.provider} provider")
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if options.threads:
-            so.intra_op_num_threads = options.threads
-        so.inter_op_num_threads = 1
         prepack = options.prepack
         if prepack is None:
             gated = any(o.name == "ffn_skipped" for o in manifest.outputs)
             prepack = (manifest.weights in PREPACKED_WEIGHTS or options.max_batch > 1
                        or multi_token(options.decode, manifest.weights, gated))
-        if not prepack:
-            so.add_session_config_entry("session.disable_prepacking", "1")
+
+        def session_options() -> ort.SessionOptions:
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if options.threads:
+                so.intra_op_num_threads = options.threads
+            so.inter_op_num_threads = 1
+            if not prepack:
+                so.add_session_config_entry("session.disable_prepacking", "1")
+            return so
+
         path = Path(engine_dir) / manifest.graph_file
+        parts = options.load_parts or (2 if prepack and _parallel_load_pays(engine_dir, manifest)
+                                       else 1)
         try:
-            self.session = ort.InferenceSession(str(path), so,
-                                                providers=PROVIDERS[options.provider])
+            self.session = parted.load(path, session_options, PROVIDERS[options.provider], parts)
         except Exception as e:  # onnxruntime raises its own untyped errors
             raise EngineError(f"{path}: ONNX Runtime cannot load the graph ({e})",
                               "re-export the engine") from e
@@ -205,33 +229,25 @@ class OnnxEngine:
                    tokens: np.ndarray, n_new: np.ndarray, logits_index: np.ndarray,
                    allow_skip: bool) -> tuple[np.ndarray, np.ndarray | None]:
         total = lengths + n_new
-        io = self.session.io_binding()
-        io.bind_cpu_input("input_ids", np.ascontiguousarray(tokens, dtype=np.int64))
-        # rows idle this step keep their cache; an empty idle row still counts one position
-        io.bind_cpu_input("seqlens_k", np.maximum(total - 1, 0).astype(np.int32))
-        io.bind_cpu_input("query_seqlens", n_new.astype(np.int32))
-        io.bind_cpu_input("total_sequence_length",
-                          np.array(max(int(total.max(initial=0)), 1), np.int32))
-        io.bind_cpu_input("logits_index", np.ascontiguousarray(logits_index, dtype=np.int64))
+        inputs = {
+            "input_ids": np.ascontiguousarray(tokens, dtype=np.int64),
+            # rows idle this step keep their cache; an empty idle row still counts one position
+            "seqlens_k": np.maximum(total - 1, 0).astype(np.int32),
+            "query_seqlens": n_new.astype(np.int32),
+            "total_sequence_length": np.array(max(int(total.max(initial=0)), 1), np.int32),
+            "logits_index": np.ascontiguousarray(logits_index, dtype=np.int64)}
         if self.ffn_skips is not None:
-            io.bind_cpu_input("ffn_allow_skip", np.array(allow_skip))
-        for name, buf in buffers.items():
-            value = ort.OrtValue.ortvalue_from_numpy(buf)    # the cache's memory, no copy
-            io.bind_ortvalue_input(f"past_{name}", value)
-            io.bind_ortvalue_output(f"present_{name}", value)
-        io.bind_output("logits")
-        if self.ffn_skips is not None:
-            io.bind_output("ffn_skipped")
+            inputs["ffn_allow_skip"] = np.array(allow_skip)
+        # the cache's memory, no copy: read as past_X, written in place as present_X
+        in_place = {f"past_{name}": ort.OrtValue.ortvalue_from_numpy(buf)
+                    for name, buf in buffers.items()}
+        wanted = ["logits", *(["ffn_skipped"] if self.ffn_skips is not None else [])]
         try:
-            self.session.run_with_iobinding(io)
+            outs = self.session.run_bound(inputs, in_place, wanted)
         except Exception as e:  # onnxruntime raises untyped errors (memory, shapes)
             raise EngineError(f"ONNX Runtime failed on a step of {tokens.shape[0]}x"
                               f"{tokens.shape[1]} tokens ({e})") from e
-        outs = io.get_outputs()
-        n_kv = len(buffers)
-        logits = outs[n_kv].numpy()
-        skipped = outs[n_kv + 1].numpy() if self.ffn_skips is not None else None
-        return logits, skipped
+        return outs["logits"], outs.get("ffn_skipped")
 
 
 if TYPE_CHECKING:   # mypy checks that the class is an Engine over host KV buffers
