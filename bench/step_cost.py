@@ -4,7 +4,8 @@
 
 Fast decoding checks its drafts in the step that feeds a row's last token, so it pays off
 as far as a step over 1 + k tokens costs little more than a step over one. For each engine
-and for ONNX Runtime's weight prepacking off and on (each in its own session): a
+and for ONNX Runtime's weight prepacking off and on (each in its own session; a quantized
+fused engine also with its lone tokens unpadded, ``OnnxEngine._padded``): a
 ``--prompt``-token prefill, then steps of 1, 2, 3, 5 and 9 new tokens from the same cache
 length (the cache set back after each), 3 rounds x 5 steps each, median step time. Writes
 ``bench/results/<date>-step-cost.{json,md}``.
@@ -31,9 +32,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = (1, 2, 3, 5, 9)
 
 
-def measure(engine_dir: Path, prepack: bool, prompt: int, threads: int) -> dict[int, float]:
-    """Median ms of a step over n new tokens, per n."""
-    engine = load_engine(engine_dir, "onnx", EngineOptions(threads=threads, prepack=prepack))
+def measure(engine_dir: Path, prepack: bool, prompt: int, threads: int,
+            unpadded: bool = False) -> dict[int, float]:
+    """Median ms of a step over n new tokens, per n (``unpadded``: a quantized engine's lone
+    token without its second position, as before padded steps)."""
+    engine: Any = load_engine(engine_dir, "onnx", EngineOptions(threads=threads,
+                                                                prepack=prepack))
+    if unpadded:
+        engine.min_positions = 1
     rng = np.random.default_rng(0)
     cache = engine.new_cache(1)
     engine.forward(cache, rng.integers(100, 1000, (1, prompt)), np.array([prompt]))
@@ -58,10 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     results: dict[str, Any] = {}
     for d in args.engines:
-        weights = load_engine(d, "onnx", EngineOptions(prepack=False)).manifest.weights
+        probe: Any = load_engine(d, "onnx", EngineOptions(prepack=False))
+        weights, padded = probe.manifest.weights, probe.min_positions > 1
         for prepack in (False, True):
             name = f"{d.parent.name}/{d.name} ({weights}), prepack {'on' if prepack else 'off'}"
             results[name] = measure(d, prepack, args.prompt, args.threads)
+        if padded:   # lone tokens run padded to two positions: what the padding costs
+            results[f"{d.parent.name}/{d.name} ({weights}), prepack on, lone tokens "
+                    "unpadded"] = measure(d, True, args.prompt, args.threads, unpadded=True)
     stamp = time.strftime("%Y-%m-%d") + "-step-cost"
     record = {"stamp": stamp, "command": shlex.join(["python", *sys.orig_argv[1:]]),
               "machine": machine_info(), "prompt": args.prompt, "threads": args.threads,

@@ -20,36 +20,54 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from rung.engines.manifest import HEAD_MAJOR
+
 if TYPE_CHECKING:   # the engine imports this module: no grammar library at engine load
     from rung.engines.grammar import Constraint
 
 MAX_DRAFT = 8      # tokens offered per step
 LOOKUP_NGRAMS = (3, 2)
 
-# weights whose steps of several tokens answer otherwise than steps of one: the one-token
-# and multi-token attention paths round differently (~4e-5 in the logits of SmolLM2's fp32
-# engine), and the 8-bit activation quantization of the int8/int4 kernels turns such a
-# difference into another rounding step, 0.3-0.6 in the logits, so near-ties break the other
-# way (MatMulNBits itself gives a row the same result in a step of one or of nine rows; SmolLM2
-# int4: 2 of 12 answers token for token the same; docs/benchmarks.md, "Fast decoding")
-ROW_DEPENDENT_WEIGHTS = ("int8", "int4")
+# weights whose engines run every step over at least two positions. A row that feeds one
+# new token takes other kernel paths in ONNX Runtime than a row that feeds several (its
+# attention's one-query path), which round otherwise: 1e-5..4e-5 in the logits of
+# SmolLM2's fused engines between a token fed alone and the same token in a step of more,
+# while steps of several tokens give a row the same logits bit for bit however they are
+# split and batched (MatMulNBits itself is row-invariant). The 8-bit activation
+# quantization of the int8/int4 kernels turns such a difference into another rounding
+# step, 0.3-0.6 in the logits a few positions on, so near-ties break the other way
+# (SmolLM2 int4: 2 of 12 answers the same with drafts, and answers depended on the batch).
+# So on the fused graph a quantized engine feeds a second, unscored position beside every
+# lone token and drops its KV (``OnnxEngine._padded``): drafts, batches and plain decoding
+# then give a row the same logits. The generic graph's plain MatMul attention still rounds
+# by the step's length (~2e-6), so there fast decoding is not exact on quantized weights.
+# fp32 differences stay below greedy near-ties in practice (12 of 12 answers the same on
+# every fp32 engine measured): fp32 steps stay unpadded. Cost: a one-token int4 step runs
+# two positions (SmolLM2-135M: 9.3 against 7.7 ms, bench/step_cost.py).
+PADDED_WEIGHTS = ("int8", "int4")
 
 
-def inexact(weights: str, gated: bool) -> str | None:
-    """Why fast decoding would answer otherwise than plain decoding on an engine with these
-    weights (and FFN gates or not), or None where it answers the same: drafts run every FFN
-    unskipped, and quantized weights are row-dependent (``ROW_DEPENDENT_WEIGHTS``)."""
+def pads_steps(weights: str, gated: bool, layout: str) -> bool:
+    """Whether an engine with these weights, FFN gates or not and this KV layout runs every
+    row over two positions or more (a gated engine skips FFNs on one-token steps only)."""
+    return weights in PADDED_WEIGHTS and not gated and layout == HEAD_MAJOR
+
+
+def inexact(weights: str, gated: bool, layout: str) -> str | None:
+    """Why fast decoding would answer otherwise than plain decoding on such an engine, or
+    None where it answers the same: drafts run every FFN unskipped, and quantized weights
+    are exact through padded steps on the fused graph only."""
     if gated:
         return "its FFN gates"
-    if weights in ROW_DEPENDENT_WEIGHTS:
-        return f"its {weights} weights"
+    if weights in PADDED_WEIGHTS and layout != HEAD_MAJOR:
+        return f"its {weights} weights on the generic graph"
     return None
 
 
-def multi_token(decode: str, weights: str, gated: bool) -> bool:
+def multi_token(decode: str, weights: str, gated: bool, layout: str) -> bool:
     """Whether decoding ``decode`` (plain|fast|auto) on such an engine runs steps of
     several tokens (fast decoding's drafts)."""
-    return decode == "fast" or (decode == "auto" and inexact(weights, gated) is None)
+    return decode == "fast" or (decode == "auto" and inexact(weights, gated, layout) is None)
 
 
 def lookup(context: Sequence[int], k: int = MAX_DRAFT) -> list[int]:

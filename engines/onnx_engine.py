@@ -22,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 
 from rung.engines import parted
-from rung.engines.drafts import multi_token
+from rung.engines.drafts import multi_token, pads_steps
 from rung.engines.errors import EngineError
 from rung.engines.graph_check import check_manifest, session_signature
 from rung.engines.kv import KVCache
@@ -98,7 +98,8 @@ class OnnxEngine:
         if prepack is None:
             gated = any(o.name == "ffn_skipped" for o in manifest.outputs)
             prepack = (manifest.weights in PREPACKED_WEIGHTS or options.max_batch > 1
-                       or multi_token(options.decode, manifest.weights, gated))
+                       or multi_token(options.decode, manifest.weights, gated,
+                                   manifest.kv.layout))
 
         def session_options() -> ort.SessionOptions:
             so = ort.SessionOptions()
@@ -121,6 +122,9 @@ class OnnxEngine:
         check_manifest(manifest, session_signature(self.session, path), str(path))
         self.output_names = [o.name for o in manifest.outputs]
         gated = "ffn_skipped" in self.output_names
+        # every step over two positions or more, so a row's logits never depend on the
+        # step's shape (drafts.PADDED_WEIGHTS)
+        self.min_positions = 2 if pads_steps(manifest.weights, gated, manifest.kv.layout) else 1
         # FFN skip counters: one-token decode steps run, and skips per layer among them
         self.ffn_steps = 0
         self.ffn_skips: np.ndarray | None = (
@@ -157,9 +161,36 @@ class OnnxEngine:
             raise EngineError(f"KV cache holds {cache.dtype} {cache.layout}, this engine's "
                               f"graph reads {kv.dtype} {kv.layout}",
                               "allocate it with new_cache()")
+        n_new = np.asarray(n_new, dtype=np.int64)
         if logits_index is None:
             logits_index = np.maximum(n_new - 1, 0).astype(np.int64)[:, None]
-        n_new = np.asarray(n_new, dtype=np.int64)
+        if self.min_positions > 1:
+            return self._padded(cache, tokens, n_new, logits_index, allow_skip)
+        return self._step(cache, tokens, n_new, logits_index, allow_skip)
+
+    def _padded(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
+                logits_index: np.ndarray, allow_skip: bool) -> np.ndarray:
+        """A step in which every row feeding one token feeds a second position (the same
+        token, not scored), whose KV is dropped after the step: ONNX Runtime's kernels take
+        their one-query paths for a row of one new token, which round otherwise than their
+        several-query paths; so padded, a row gets the same logits bit for bit alone or in
+        a batch, token by token or with drafts (drafts.PADDED_WEIGHTS). A row with no room
+        for the second position (the cache's last one) runs as it is."""
+        pad = (n_new == 1) & (cache.lengths + 2 <= cache.max_seq)
+        if not pad.any():
+            return self._step(cache, tokens, n_new, logits_index, allow_skip)
+        if tokens.shape[1] < 2:
+            tokens = np.concatenate([tokens, tokens], axis=1)
+        else:
+            tokens = tokens.copy()
+            tokens[pad, 1] = tokens[pad, 0]
+        logits = self._step(cache, tokens, n_new + pad, logits_index, allow_skip)
+        cache.lengths[pad] -= 1   # the second position's KV is free again
+        return logits
+
+    def _step(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
+              logits_index: np.ndarray, allow_skip: bool) -> np.ndarray:
+        b, s = tokens.shape
         if int((cache.lengths + n_new).max()) > cache.max_seq:
             raise EngineError(f"sequence would exceed max_seq {cache.max_seq}",
                               "shorten the prompt or max_tokens")

@@ -371,13 +371,15 @@ class TaskRunner:
 def fast_decoding(decode: str, engine: AnyEngine, key: str = "engine.decode") -> bool:
     """``decode`` (``key``: where it was given) resolved. Fast decoding must answer exactly
     as plain decoding does, so it applies to an engine without FFN gates (drafts run its
-    FFNs unskipped) and with float weights (see ``drafts.inexact``): auto chooses it
-    there and plain elsewhere; fast asked of another engine is refused.
+    FFNs unskipped) whose weights are float or, quantized, on the fused graph (exact through
+    padded steps, see ``drafts.pads_steps``): auto chooses it there and plain elsewhere;
+    fast asked of another engine is refused.
 
     Raises:
         GenerationError: fast on an engine where it would answer otherwise.
     """
-    why = inexact(engine.manifest.weights, engine.ffn_skips is not None)
+    why = inexact(engine.manifest.weights, engine.ffn_skips is not None,
+                  engine.manifest.kv.layout)
     if decode == "fast" and why is not None:
         raise GenerationError(f"{key} fast: on this engine fast decoding would answer "
                               f"otherwise than plain decoding ({why})",

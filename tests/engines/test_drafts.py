@@ -38,13 +38,16 @@ def test_lookup_continues_the_latest_earlier_occurrence() -> None:
 @pytest.fixture(scope="module")
 def ungated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The demo model without FFN gates (drafts run FFNs unskipped: exactness needs no
-    gates), as the fused graph with fp32 KV and the generic graph with fp8 KV."""
+    gates), as the fused graph with fp32 KV, the generic graph with fp8 KV, and the fused
+    graph with int4 weights (exact through padded lone tokens)."""
     from rung.export.exporter import ExportOptions, export
 
     out = {}
     for name, opts in (("fused-fp32", ExportOptions(kv="fp32", ffn_skip="off")),
                        ("generic-fp8", ExportOptions(kv="fp8", ffn_skip="off",
-                                                     graph="generic"))):
+                                                     graph="generic")),
+                       ("fused-int4", ExportOptions(kv="fp32", ffn_skip="off",
+                                                    weights="int4"))):
         out[name] = tmp_path_factory.mktemp(name)
         export(ROOT / "models" / "edge-tiny", out[name], opts)
     return out
@@ -56,7 +59,7 @@ def _runner(path: Path) -> TaskRunner:
                       path)
 
 
-@pytest.mark.parametrize("form", ["fused-fp32", "generic-fp8"])
+@pytest.mark.parametrize("form", ["fused-fp32", "generic-fp8", "fused-int4"])
 def test_structured_answers_are_identical_in_fewer_steps(ungated: dict[str, Path],
                                                          form: str) -> None:
     runner = _runner(ungated[form])
@@ -89,11 +92,12 @@ def _drain(dec: BatchDecoder) -> dict[Hashable, Generation]:
     return out
 
 
-def test_a_batch_of_rows_with_different_drafts(ungated: dict[str, Path]) -> None:
+@pytest.mark.parametrize("form", ["fused-fp32", "fused-int4"])
+def test_a_batch_of_rows_with_different_drafts(ungated: dict[str, Path], form: str) -> None:
     """Four rows in one continuous batch, fast: each row feeds its own number of tokens
     per step (one sampled row feeds none), rows join mid-way; every row gives what it gives
     alone with plain decoding, and a row's KV holds exactly its accepted tokens."""
-    runner = _runner(ungated["fused-fp32"])
+    runner = _runner(ungated[form])
     engine: AnyEngine = runner.engine
     samples = corpus(4, seed=1001)
     prepared = [runner.prepare(s["task"], s["input"],

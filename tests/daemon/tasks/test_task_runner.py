@@ -133,41 +133,46 @@ def test_one_bad_request_does_not_sink_the_batch(runner: TaskRunner) -> None:
     assert "top_p" in results[1].error["message"]
 
 
-@pytest.mark.parametrize("decode,weights,gated,fast", [
-    ("auto", "fp32", False, True),     # exact: drafts checked on the same kernels
-    ("auto", "fp16", False, True),
-    ("auto", "int4", False, False),    # MatMulNBits computes k-token steps otherwise
-    ("auto", "int8", False, False),
-    ("auto", "fp32", True, False),     # drafts run gated FFNs unskipped
-    ("fast", "fp32", False, True),
-    ("plain", "fp32", False, False),
-    ("plain", "int4", True, False),
+FUSED, GENERIC = "head_major_BHSD", "position_major_SBHD"
+
+
+def _engine(weights: str, gated: bool, layout: str = FUSED) -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(ffn_skips=np.zeros(2) if gated else None,
+                           manifest=SimpleNamespace(weights=weights,
+                                                    kv=SimpleNamespace(layout=layout)))
+
+
+@pytest.mark.parametrize("decode,weights,gated,layout,fast", [
+    ("auto", "fp32", False, FUSED, True),     # exact: drafts checked on the same kernels
+    ("auto", "fp16", False, GENERIC, True),
+    ("auto", "int4", False, FUSED, True),     # exact: lone tokens run padded to 2 positions
+    ("auto", "int8", False, FUSED, True),
+    ("auto", "int4", False, GENERIC, False),  # the generic graph rounds by step length
+    ("auto", "fp32", True, FUSED, False),     # drafts run gated FFNs unskipped
+    ("auto", "int4", True, FUSED, False),
+    ("fast", "fp32", False, FUSED, True),
+    ("plain", "fp32", False, FUSED, False),
+    ("plain", "int4", True, FUSED, False),
 ])
 def test_auto_decoding_is_fast_only_where_it_is_exact(decode: str, weights: str, gated: bool,
-                                                      fast: bool) -> None:
-    from types import SimpleNamespace
-
+                                                      layout: str, fast: bool) -> None:
     from rung.daemon.tasks.runner import fast_decoding
 
-    engine = SimpleNamespace(ffn_skips=np.zeros(2) if gated else None,
-                             manifest=SimpleNamespace(weights=weights))
-    assert fast_decoding(decode, engine) is fast  # type: ignore[arg-type]
+    assert fast_decoding(decode, _engine(weights, gated, layout)) is fast  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("weights,gated,why", [("int4", False, "its int4 weights"),
-                                               ("int8", False, "its int8 weights"),
-                                               ("fp32", True, "its FFN gates")])
+@pytest.mark.parametrize("weights,gated,layout,why", [
+    ("int4", True, FUSED, "its FFN gates"), ("fp32", True, GENERIC, "its FFN gates"),
+    ("int8", False, GENERIC, "its int8 weights on the generic graph")])
 def test_fast_is_refused_where_it_would_answer_otherwise(weights: str, gated: bool,
-                                                         why: str) -> None:
+                                                         layout: str, why: str) -> None:
     """CONTRACTS: under greedy decoding plain and fast give the same text; an engine where
     they would not refuses fast, naming the option it came from and why."""
-    from types import SimpleNamespace
-
     from rung.daemon.tasks.runner import fast_decoding
     from rung.engines.errors import GenerationError
 
-    engine = SimpleNamespace(ffn_skips=np.zeros(2) if gated else None,
-                             manifest=SimpleNamespace(weights=weights))
     with pytest.raises(GenerationError, match=f"--decode fast: .*\\({why}\\)") as e:
-        fast_decoding("fast", engine, "--decode")  # type: ignore[arg-type]
+        fast_decoding("fast", _engine(weights, gated, layout), "--decode")  # type: ignore[arg-type]
     assert e.value.hint is not None and "auto" in e.value.hint
