@@ -1,6 +1,7 @@
 """What a step of several new tokens costs against a step of one, weights packed or not.
 
     cd bench && ../.venv/bin/python step_cost.py ENGINE_DIR... [--prompt 200] [--threads 2]
+                                                [--tag NAME]
 
 Fast decoding checks its drafts in the step that feeds a row's last token, so it pays off
 as far as a step over 1 + k tokens costs little more than a step over one. For each engine
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("engines", nargs="+", type=Path)
     ap.add_argument("--prompt", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tag", default="", help="appended to the results' file name")
     args = ap.parse_args(argv)
     results: dict[str, Any] = {}
     for d in args.engines:
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         if padded:   # lone tokens run padded to two positions: what the padding costs
             results[f"{d.parent.name}/{d.name} ({weights}), prepack on, lone tokens "
                     "unpadded"] = measure(d, True, args.prompt, args.threads, unpadded=True)
-    stamp = time.strftime("%Y-%m-%d") + "-step-cost"
+    stamp = time.strftime("%Y-%m-%d") + "-step-cost" + (f"-{args.tag}" if args.tag else "")
     record = {"stamp": stamp, "command": shlex.join(["python", *sys.orig_argv[1:]]),
               "machine": machine_info(), "prompt": args.prompt, "threads": args.threads,
               "results": {k: {str(n): ms for n, ms in v.items()} for k, v in results.items()}}
