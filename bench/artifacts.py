@@ -158,8 +158,13 @@ def ensure(preset: str, kinds: tuple[str, ...] = KINDS) -> tuple[Artifacts, dict
 
 # -- build steps, run as ``python bench/artifacts.py KIND PRESET OUT`` ----------------------
 def _build_hf(preset: str, out: Path) -> None:
-    if preset == "edge-tiny":
-        shutil.copytree(DEMO_MODEL, out)
+    if preset == "edge-tiny":   # the demo model without its FFN gates (llama.cpp has none)
+        from safetensors.numpy import load_file, save_file
+
+        shutil.copytree(DEMO_MODEL, out, ignore=shutil.ignore_patterns("model.safetensors"))
+        weights = load_file(DEMO_MODEL / "model.safetensors")
+        save_file({k: v for k, v in weights.items() if ".ffn_gate." not in k},
+                  str(out / "model.safetensors"), metadata={"format": "pt"})
         return
     if preset in REAL:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -112,10 +112,14 @@ class PartedSession:
     def run(self, output_names: Sequence[str],
             feeds: Mapping[str, np.ndarray | ort.OrtValue]) -> list[np.ndarray]:
         """``InferenceSession.run`` over the parts."""
+        if len(self.parts) == 1:
+            outs: list[np.ndarray] = self.parts[0].run(list(output_names), dict(feeds))
+            return outs
+        wanted = set(output_names)
         values: dict[str, Any] = dict(feeds)
         for i, part in enumerate(self.parts):
             names = [n for n in self._part_outputs[i]
-                     if n in output_names or n in self.carried[i]]
+                     if n in wanted or n in self.carried[i]]
             outs = part.run(names, {k: v for k, v in values.items()
                                     if k in self._part_inputs[i]})
             values.update(zip(names, outs, strict=True))
@@ -129,6 +133,7 @@ class PartedSession:
         ONNX Runtime values between parts."""
         carried: dict[str, ort.OrtValue] = {}
         got: dict[str, np.ndarray] = {}
+        wanted = set(output_names)
         for i, part in enumerate(self.parts):
             io = part.io_binding()
             has = self._part_inputs[i]
@@ -142,8 +147,7 @@ class PartedSession:
                 if name in has:
                     io.bind_ortvalue_input(name, value)
                     io.bind_ortvalue_output("present_" + name.removeprefix("past_"), value)
-            bound = [n for n in self._part_outputs[i]
-                     if n in output_names or n in self.carried[i]]
+            bound = [n for n in self._part_outputs[i] if n in wanted or n in self.carried[i]]
             for name in bound:
                 io.bind_output(name)
             part.run_with_iobinding(io)
