@@ -43,7 +43,7 @@ if sys.argv[3] == "sha256-first":   # the earlier load: every artifact hashed, t
     m = load_manifest(d, verify_artifacts=False)
     assert all(sha256_file(d / f) == digest for f, digest in m.artifacts.items())
     engine = OnnxEngine(d, m, options)
-else:                               # load_engine: BLAKE3 beside the session
+else:                               # load_engine: digests checked beside the session
     engine = load_engine(d, "onnx", options)
 t2 = time.perf_counter()
 tok = Tokenizer.load(d, engine.manifest.tokenizer)

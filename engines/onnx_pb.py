@@ -39,7 +39,8 @@ MESSAGES: dict[str, list[Field]] = {
     "AttributeProto": [("name", 1, _STR, "", False, False),
                        ("g", 6, _MSG, "GraphProto", False, False),
                        ("graphs", 11, _MSG, "GraphProto", True, False)],
-    "TensorProto": [("dims", 1, _I64, "", True, False), ("name", 8, _STR, "", False, False),
+    "TensorProto": [("dims", 1, _I64, "", True, False),
+                    ("data_type", 2, _I32, "", False, False), ("name", 8, _STR, "", False, False),
                     ("raw_data", 9, _BYT, "", False, False),
                     ("external_data", 13, _MSG, "StringStringEntryProto", True, False)],
     "StringStringEntryProto": [("key", 1, _STR, "", False, False),
@@ -92,14 +93,17 @@ ValueInfoProto: Any = _CLASSES["ValueInfoProto"]
 
 
 def tensor_value_info(name: str, elem_type: int | None = None,
-                      shape: Sequence[int | str | None] = ()) -> Any:
+                      shape: Sequence[int | str | None] | None = None) -> Any:
     """A graph input or output named ``name``: a tensor of ``elem_type`` (a TensorProto
-    data type number) and ``shape`` (sizes, symbolic names, None for unknown), or, with no
-    type, a name only (ONNX Runtime then infers the type of such an output)."""
+    data type number) and ``shape`` (sizes, symbolic names, None for unknown; no shape at
+    all: rank unknown), or, with no type, a name only (ONNX Runtime then infers the type of
+    such an output)."""
     info = ValueInfoProto(name=name)
     if elem_type is not None:
         t = info.type.tensor_type
         t.elem_type = elem_type
+        if shape is None:
+            return info
         t.shape.SetInParent()
         for size in shape:
             d = t.shape.dim.add()

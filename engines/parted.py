@@ -33,6 +33,14 @@ from rung.engines.onnx_pb import ELEM_TYPES, ModelProto, tensor_value_info
 PACKED_OPS = frozenset({"MatMulNBits", "MatMul", "Gemm", "FusedMatMul"})
 # where the cut may move past the halving node, to find fewer crossing tensors
 CUT_SLACK = 12
+# ops whose outputs have the type of their first input: a crossing tensor's type is
+# read back through them to a graph input or an initializer (else a probe session tells)
+SAME_TYPE_OPS = frozenset({
+    "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+    "SkipLayerNormalization", "LayerNormalization", "MatMulNBits", "MatMul", "FusedMatMul",
+    "Gemm", "Add", "Sub", "Mul", "Div", "Sigmoid", "QuickGelu", "Softmax", "Reshape",
+    "Transpose", "Split", "Concat", "Squeeze", "Unsqueeze", "Slice", "Identity", "Gather",
+    "GroupQueryAttention"})
 EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
@@ -169,7 +177,8 @@ def load(path: Path, make_options: Callable[[], ort.SessionOptions], providers: 
     if parts > 1:
         graph = ModelProto.FromString(Path(path).read_bytes())
         cut = find_cut(graph.graph)
-        types = _probe(graph, cut[1], path, providers) if cut else None
+        types = (_traced(graph.graph, cut[1]) or _probe(graph, cut[1], path, providers)
+                 if cut else None)
         if cut is not None and types is not None:
             pieces = _cut(graph, cut[0], cut[1], types)
             with ThreadPoolExecutor(len(pieces), thread_name_prefix="rung-load") as pool:
@@ -195,8 +204,26 @@ def _external(options: ort.SessionOptions, path: Path) -> ort.SessionOptions:
     return options
 
 
+def _traced(graph: Any, names: list[str]) -> dict[str, tuple[int, list[Any] | None]] | None:
+    """The element type of each of ``names`` read back through ``SAME_TYPE_OPS`` (rank left
+    unknown); None where one cannot be."""
+    made = {o: n for n in graph.node                # attention's KV outputs have their own type
+            for o in (n.output[:1] if n.op_type == "GroupQueryAttention" else n.output)}
+    given = {i.name: i.type.tensor_type.elem_type for i in graph.input}
+    given.update((i.name, i.data_type) for i in graph.initializer)
+    out: dict[str, tuple[int, list[Any] | None]] = {}
+    for name in names:
+        x = name
+        while x not in given and x in made and made[x].op_type in SAME_TYPE_OPS:
+            x = made[x].input[0]
+        if given.get(x) not in ELEM_TYPES.values():
+            return None
+        out[name] = (given[x], None)
+    return out
+
+
 def _probe(model: Any, names: list[str], path: Path,
-           providers: list[str]) -> dict[str, tuple[int, list[Any]]] | None:
+           providers: list[str]) -> dict[str, tuple[int, list[Any] | None]] | None:
     """ONNX type and shape of each of ``names``, from a session of the whole graph that
     neither packs nor optimizes; None where a type cannot cross a cut."""
     probe = ModelProto()
@@ -214,7 +241,7 @@ def _probe(model: Any, names: list[str], path: Path,
 
 
 def _cut(model: Any, at: int, crossing: list[str],
-         types: Mapping[str, tuple[int, list[Any]]]) -> list[bytes]:
+         types: Mapping[str, tuple[int, list[Any] | None]]) -> list[bytes]:
     """The two parts' serialized graphs (weights stay external, by reference)."""
     g = model.graph
     inits = {i.name: i for i in g.initializer}

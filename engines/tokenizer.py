@@ -13,15 +13,15 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import jinja2
-import jinja2.ext
-import jinja2.sandbox
 from tokenizers import Tokenizer as _HFTokenizer
 
 from rung.engines.errors import TokenizerError
 from rung.engines.manifest import TokenizerSpec
+
+if TYPE_CHECKING:   # jinja2 is imported when a chat template is first compiled (start-up time)
+    import jinja2
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -184,6 +184,10 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
 
 def _compile_template(source: str) -> jinja2.Template:
     """Compile a chat template in a sandbox configured like transformers does."""
+    import jinja2
+    import jinja2.ext
+    import jinja2.sandbox
+
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson

@@ -372,7 +372,7 @@ def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
     fused = graph_form(opts, c) == "fused"
     inputs, outputs = fused_io_specs(model) if fused else io_specs(model)
     files = [GRAPH_FILE, DATA_FILE, *ckpt.tokenizer.files]
-    artifacts, blake = artifact_digests(out_dir, files)
+    artifacts, fast = artifact_digests(out_dir, files)
     kv = KVSpec(dtype=KV[opts.kv], layout=HEAD_MAJOR if fused else KV_LAYOUT,
                 scale_layout="per_token_per_head" if opts.kv == "fp8" else None)
     engine_id = hashlib.sha256(
@@ -389,4 +389,4 @@ def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rung_version=RUNG_VERSION,
         dims=dims, graph_file=GRAPH_FILE, opset=OPSET, inputs=inputs, outputs=outputs,
         weights=str(opts.weights), kv=kv, tokenizer=ckpt.tokenizer, generation=ckpt.generation,
-        parity=None, artifacts=artifacts, blake3=blake)
+        parity=None, artifacts=artifacts, xxh3=fast)

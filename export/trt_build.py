@@ -35,6 +35,7 @@ from rung.engines.manifest import (
     blake3_file,
     load_manifest,
     sha256_file,
+    xxh3_file,
 )
 from rung.engines.progress import step
 from rung.export.exporter import ExportOptions, export
@@ -229,7 +230,9 @@ def build_plan(engine_dir: Path, manifest: Manifest, topts: TrtBuildOptions, inf
         manifest, format_version=FORMAT_VERSION, trt=record,
         artifacts={**manifest.artifacts, PLAN_FILE: sha256_file(engine_dir / PLAN_FILE)},
         blake3={**manifest.blake3, PLAN_FILE: blake3_file(engine_dir / PLAN_FILE)}
-        if manifest.blake3 else {})
+        if manifest.blake3 else {},
+        xxh3={**manifest.xxh3, PLAN_FILE: xxh3_file(engine_dir / PLAN_FILE)}
+        if manifest.xxh3 else {})
     manifest.save(engine_dir)
     with step("checking the plan against ONNX Runtime on the CPU"):
         parity = measure_parity(engine_dir)

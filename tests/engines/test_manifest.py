@@ -18,6 +18,7 @@ from rung.engines.manifest import (
     blake3_file,
     load_manifest,
     sha256_file,
+    xxh3_file,
 )
 
 
@@ -82,8 +83,21 @@ def _flip(path: Path, at: int = 100) -> None:
 
 def test_corrupt_artifact_detected(engine_dir: Path) -> None:
     m = load_manifest(engine_dir)
-    assert sorted(m.blake3) == sorted(m.artifacts)
-    assert m.blake3["model.onnx.data"] == blake3_file(engine_dir / "model.onnx.data")
+    assert sorted(m.xxh3) == sorted(m.artifacts) and m.blake3 == {}
+    assert m.xxh3["model.onnx.data"] == xxh3_file(engine_dir / "model.onnx.data")
+    _flip(engine_dir / "model.onnx.data")
+    with pytest.raises(ManifestError, match="XXH3 differs"):
+        load_manifest(engine_dir)
+
+
+def test_format_5_is_checked_by_blake3(engine_dir: Path) -> None:
+    def to_format_5(d: dict[str, Any]) -> None:
+        d.update(format_version=5)
+        d["blake3"] = {f: blake3_file(engine_dir / f) for f in d.pop("xxh3")}
+
+    _edit(engine_dir, to_format_5)
+    m = load_manifest(engine_dir)
+    assert m.xxh3 == {} and sorted(m.blake3) == sorted(m.artifacts)
     _flip(engine_dir / "model.onnx.data")
     with pytest.raises(ManifestError, match="BLAKE3 differs"):
         load_manifest(engine_dir)
@@ -95,21 +109,21 @@ def test_load_engine_refuses_a_corrupt_file(engine_dir: Path, name: str) -> None
     session loads fine, a graph it cannot parse, the tokenizer it never reads) is reported
     as corruption and no engine is returned."""
     _flip(engine_dir / name, at=(engine_dir / name).stat().st_size // 2)
-    with pytest.raises(ManifestError, match=f"{name}: BLAKE3 differs"):
+    with pytest.raises(ManifestError, match=f"{name}: XXH3 differs"):
         load_engine(engine_dir)
 
 
 def test_format_4_is_checked_by_sha256(engine_dir: Path) -> None:
-    _edit(engine_dir, lambda d: (d.update(format_version=4), d.pop("blake3")))
-    assert load_manifest(engine_dir).blake3 == {}
+    _edit(engine_dir, lambda d: (d.update(format_version=4), d.pop("xxh3")))
+    assert load_manifest(engine_dir).xxh3 == {} == load_manifest(engine_dir).blake3
     _flip(engine_dir / "model.onnx.data")
     with pytest.raises(ManifestError, match="sha256 differs"):
         load_manifest(engine_dir)
 
 
-def test_blake3_must_cover_the_artifacts(engine_dir: Path) -> None:
-    _edit(engine_dir, lambda d: d["blake3"].pop("tokenizer.json"))
-    with pytest.raises(ManifestError, match="blake3 lists other files than artifacts"):
+def test_digests_must_cover_the_artifacts(engine_dir: Path) -> None:
+    _edit(engine_dir, lambda d: d["xxh3"].pop("tokenizer.json"))
+    with pytest.raises(ManifestError, match="xxh3 lists other files than artifacts"):
         load_manifest(engine_dir)
 
 
@@ -156,7 +170,7 @@ def plan_dir(engine_dir: Path) -> Path:
 
     def add(d: dict[str, Any]) -> None:
         d["artifacts"]["model.plan"] = sha256_file(engine_dir / "model.plan")
-        d["blake3"]["model.plan"] = blake3_file(engine_dir / "model.plan")
+        d["xxh3"]["model.plan"] = xxh3_file(engine_dir / "model.plan")
         d["trt"] = dataclasses.asdict(PLAN)
 
     _edit(engine_dir, add)
@@ -173,7 +187,7 @@ def test_trt_record_round_trip(plan_dir: Path) -> None:
 
 def test_tampered_plan_detected(plan_dir: Path) -> None:
     (plan_dir / "model.plan").write_bytes(b"serialized TensorRT engine stand-In")
-    with pytest.raises(ManifestError, match="model.plan: BLAKE3 differs"):
+    with pytest.raises(ManifestError, match="model.plan: XXH3 differs"):
         load_manifest(plan_dir)
 
 

@@ -92,6 +92,8 @@ def test_cut_halves_the_packed_weights(engines: dict[str, Path]) -> None:
     assert halving < at <= halving + parted.CUT_SLACK
     assert sum(w[:at]) and sum(w[at:])
     assert crossing and all(any(x in n.input for n in graph.node[at:]) for x in crossing)
+    # the residual stream's type is read off the graph: no probe session is needed
+    assert parted._traced(graph, crossing) == {x: (1, None) for x in crossing}
 
 
 def test_parted_load_is_chosen_for_large_packed_engines(

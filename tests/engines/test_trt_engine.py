@@ -16,7 +16,7 @@ import pytest
 
 from rung.engines import BACKENDS, Engine, engine_options, load_engine
 from rung.engines.errors import EngineError
-from rung.engines.manifest import TrtPlan, blake3_file, sha256_file
+from rung.engines.manifest import TrtPlan, sha256_file, xxh3_file
 from rung.engines.onnx_engine import EngineOptions
 from rung.engines.trt_engine import TrtOptions, chunk_plan
 
@@ -81,7 +81,7 @@ def test_plan_without_tensorrt_names_the_package(engines: dict[str, Path],
     path = engine_dir / "manifest.json"
     data = json.loads(path.read_text())
     data["artifacts"]["model.plan"] = sha256_file(engine_dir / "model.plan")
-    data["blake3"]["model.plan"] = blake3_file(engine_dir / "model.plan")
+    data["xxh3"]["model.plan"] = xxh3_file(engine_dir / "model.plan")
     data["trt"] = dataclasses.asdict(TrtPlan(
         "model.plan", "10.3.0", "8.7", "Orin", "fp16", "fp16", "--kv fp16 as asked", 4, 64,
         {"decode": {}, "prefill": {}}))
