@@ -5,7 +5,7 @@ graph in two at load (``engines/parted.py``) needs only a few fields of ``onnx.p
 nodes with their inputs, outputs and subgraph attributes, initializers with their
 external-data length, graph inputs and outputs with tensor types. Those are written here as
 a table (field numbers of the ONNX IR specification) and built with protobuf's descriptor
-API in a private pool, as ``daemon/plant/sparkplug_pb.py`` does; every other field of a
+API in a private pool (``engines/proto_table.py``); every other field of a
 model read with these classes is kept as an unknown field and written back unchanged.
 
 ``ModelProto`` and ``ValueInfoProto`` are the message classes; ``tensor_value_info`` makes a
@@ -17,14 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from rung.engines.proto_table import F as _F
+from rung.engines.proto_table import Field, message_classes
 
 PACKAGE = "rung.onnx"
-_F = descriptor_pb2.FieldDescriptorProto
 _I32, _I64, _STR, _BYT, _MSG = (_F.TYPE_INT32, _F.TYPE_INT64, _F.TYPE_STRING, _F.TYPE_BYTES,
                                _F.TYPE_MESSAGE)
-# message -> (field name, number, type, message type or "", repeated, oneof "value")
-Field = tuple[str, int, int, str, bool, bool]
+# message -> fields (name, number, type, message type or "", repeated, oneof "value")
 MESSAGES: dict[str, list[Field]] = {
     "ModelProto": [("graph", 7, _MSG, "GraphProto", False, False)],
     "GraphProto": [("node", 1, _MSG, "NodeProto", True, False),
@@ -60,34 +59,9 @@ ELEM_TYPES = {"tensor(float)": 1, "tensor(int32)": 6, "tensor(int64)": 7, "tenso
               "tensor(float16)": 10}
 
 
-def _build(name: str) -> descriptor_pb2.DescriptorProto:
-    msg = descriptor_pb2.DescriptorProto(name=name.rsplit(".", 1)[-1])
-    fields = MESSAGES[name]
-    if any(one for *_, one in fields):
-        msg.oneof_decl.add(name="value")
-    for fname, number, kind, ref, repeated, one in fields:
-        f = msg.field.add(name=fname, number=number, type=kind,
-                          label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
-        if ref:
-            f.type_name = f".{PACKAGE}.{ref}"
-        if one:
-            f.oneof_index = 0
-    msg.nested_type.extend(_build(n) for n in MESSAGES if n.rsplit(".", 1)[0] == name
-                           and n != name)
-    return msg
-
-
-def _classes() -> dict[str, Any]:
-    file = descriptor_pb2.FileDescriptorProto(name="rung/onnx_subset.proto", package=PACKAGE,
-                                              syntax="proto2")
-    file.message_type.extend(_build(n) for n in MESSAGES if "." not in n)
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(file.SerializeToString())
-    return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{n}"))
-            for n in ("ModelProto", "ValueInfoProto")}
-
-
-_CLASSES = _classes()
+_CLASSES = message_classes(PACKAGE, "rung/onnx_subset.proto",
+                           {name: (fields, 0) for name, fields in MESSAGES.items()},
+                           ("ModelProto", "ValueInfoProto"))
 ModelProto: Any = _CLASSES["ModelProto"]
 ValueInfoProto: Any = _CLASSES["ValueInfoProto"]
 

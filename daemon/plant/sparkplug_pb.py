@@ -14,13 +14,12 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from rung.engines.proto_table import F as _F
+from rung.engines.proto_table import Field, message_classes
 
 __all__ = ["PACKAGE", "DataType", "Payload"]
 
 PACKAGE = "org.eclipse.tahu.protobuf"
-_F = descriptor_pb2.FieldDescriptorProto
-_MAX = 536870912  # "extensions N to max": the end of the range is 2**29, exclusive
 
 
 class DataType(IntEnum):
@@ -37,7 +36,6 @@ class DataType(IntEnum):
 # repeated, in the oneof "value"); first extension number or 0 for none
 _U32, _U64, _FLT, _DBL = _F.TYPE_UINT32, _F.TYPE_UINT64, _F.TYPE_FLOAT, _F.TYPE_DOUBLE
 _BOOL, _STR, _BYT, _MSG = _F.TYPE_BOOL, _F.TYPE_STRING, _F.TYPE_BYTES, _F.TYPE_MESSAGE
-Field = tuple[str, int, int, str, bool, bool]
 
 
 def _scalars(ext: str, first: int) -> list[Field]:
@@ -108,37 +106,8 @@ MESSAGES: dict[str, tuple[list[Field], int]] = {
 }
 
 
-def _message(name: str, fields: list[Field], first_extension: int,
-             nested: list[descriptor_pb2.DescriptorProto]) -> descriptor_pb2.DescriptorProto:
-    msg = descriptor_pb2.DescriptorProto(name=name.rsplit(".", 1)[-1])
-    if any(one for *_, one in fields):
-        msg.oneof_decl.add(name="value")
-    for fname, number, kind, ref, repeated, one in fields:
-        f = msg.field.add(name=fname, number=number, type=kind,
-                          label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
-        if ref:
-            f.type_name = f".{PACKAGE}.{ref}"
-        if one:
-            f.oneof_index = 0
-    if first_extension:
-        msg.extension_range.add(start=first_extension, end=_MAX)
-    msg.nested_type.extend(nested)
-    return msg
-
-
-def _build(name: str) -> descriptor_pb2.DescriptorProto:
-    children = [n for n in MESSAGES if n.rsplit(".", 1)[0] == name and n != name]
-    fields, first_extension = MESSAGES[name]
-    return _message(name, fields, first_extension, [_build(c) for c in children])
-
-
 def _payload_class() -> Any:
-    file = descriptor_pb2.FileDescriptorProto(name="rung/sparkplug_b.proto", package=PACKAGE,
-                                              syntax="proto2")
-    file.message_type.append(_build("Payload"))
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(file.SerializeToString())
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.Payload"))
+    return message_classes(PACKAGE, "rung/sparkplug_b.proto", MESSAGES, ["Payload"])["Payload"]
 
 
 Payload: Any = _payload_class()
