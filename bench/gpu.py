@@ -189,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     stem = args.out / f"gpu-{args.preset}"
     for c in chosen:  # written after every row: a run cut short keeps what it measured
         record["rows"].append(run(c, hf, work, args))
-        stem.with_suffix(".json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-        stem.with_suffix(".md").write_text(markdown(record))
+        Path(f"{stem}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        Path(f"{stem}.md").write_text(markdown(record))
     print(markdown(record))
     return 0
 

@@ -14,9 +14,9 @@ BASELINE = "ortgenai"
 def write_record(out: Path, record: dict[str, Any], md: str) -> Path:
     """Write ``record`` as JSON and ``md`` next to it; returns the common stem."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / record["stamp"]
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(md)
+    stem = out / record["stamp"]   # a stamp may hold dots (a preset's "qwen2.5-0.5b")
+    Path(f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
+    Path(f"{stem}.md").write_text(md)
     return stem
 
 

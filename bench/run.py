@@ -188,7 +188,7 @@ def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def write_outputs(record: dict[str, Any], out: Path) -> Path:
     stem = report.write_record(out, record, report.markdown(record))
-    report.plot(record, stem.with_suffix(".png"))
+    report.plot(record, Path(f"{stem}.png"))
     return stem
 
 
