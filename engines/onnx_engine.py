@@ -96,9 +96,9 @@ class OnnxEngine:
             raise EngineError(f"the fused graph runs on provider cpu, not {options.provider}",
                               "export the engine with --graph generic for ONNX Runtime's "
                               f"{options.provider} provider")
+        gated = any(o.name == "ffn_skipped" for o in manifest.outputs)
         prepack = options.prepack
         if prepack is None:
-            gated = any(o.name == "ffn_skipped" for o in manifest.outputs)
             prepack = (manifest.weights in PREPACKED_WEIGHTS or options.max_batch > 1
                        or multi_token(options.decode, manifest.weights, gated,
                                    manifest.kv.layout))
@@ -123,8 +123,7 @@ class OnnxEngine:
                               "re-export the engine") from e
         check_manifest(manifest, session_signature(self.session, path), str(path))
         self.output_names = [o.name for o in manifest.outputs]
-        gated = "ffn_skipped" in self.output_names
-        # every step over two positions or more, so a row's logits never depend on the
+        # lone tokens padded to two positions, so a row's logits never depend on the
         # step's shape (drafts.PADDED_WEIGHTS)
         self.min_positions = 2 if pads_steps(manifest.weights, gated, manifest.kv.layout) else 1
         # FFN skip counters: one-token decode steps run, and skips per layer among them
