@@ -254,6 +254,7 @@ RAM_MB = physical_memory_mb()
 BOUNDS: list[tuple[str, str, float, float, str]] = [
     ("engine", "max_batch", 64, 10**9, "expected an integer 1..64, got 1000000000"),
     ("engine", "threads", 1024, 1025, "expected an integer 0..1024, got 1025"),
+    ("engine", "load_parts", 2, 3, "expected an integer 0..2, got 3"),
     ("queue", "max_pending", 100_000, 100_001, "expected an integer 1..100000, got 100001"),
     ("queue", "request_timeout_s", YEAR, YEAR + 1,
      "expected a number > 0 and <= 31536000 (one year), got 31536001"),
