@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from rung.engines import AnyEngine
-from rung.engines.drafts import propose
+from rung.engines.drafts import Lookup, propose
 from rung.engines.errors import GenerationError
 from rung.engines.grammar import Constraint
 from rung.engines.kv import KVCache
@@ -46,6 +46,7 @@ class _Seq:
     skips0: np.ndarray | None = None
     t0: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
+    lookup: Lookup | None = None   # prompt-lookup index of prompt + answer (fast decoding)
 
 
 class BatchDecoder:
@@ -187,10 +188,12 @@ class BatchDecoder:
 
     def _draft(self, s: _Seq) -> None:
         row = s.row
-        context = s.prompt + row.token_ids
-        room = min(self.max_seq - len(context) - 1,
+        if s.lookup is None:
+            s.lookup = Lookup(s.prompt)
+        s.lookup.extend(row.token_ids[len(s.lookup.tokens) - len(s.prompt):])
+        room = min(self.max_seq - len(s.lookup.tokens) - 1,
                    row.stop.max_tokens - len(row.token_ids) - 1)
-        row.drafts, forced = propose(context, row.constraint, room)
+        row.drafts, forced = propose(s.lookup, row.constraint, room)
         row.drafted += len(row.drafts)
         row.forced += len(row.drafts) if forced else 0
 

@@ -124,6 +124,7 @@ class Constraint:
         self.vocab_size = vocab_size
         self.compiler = compiler
         self._bits = allocate_token_bitmask(1, vocab_size)
+        self._filled = False                 # _bits hold the mask of the next position
         self.mask_seconds: list[float] = []  # time to compute each step's mask
         self.tokens: list[int] = []          # consumed so far
         self.restage: Restage | None = None
@@ -132,15 +133,34 @@ class Constraint:
 
     def allowed(self) -> np.ndarray:
         """Boolean mask [V]: tokens the grammar accepts next (EOS once it is complete)."""
+        self._fill()
+        mask = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size]
+        return mask.astype(bool)
+
+    def first_choice(self, logits: np.ndarray) -> int | None:
+        """The highest of ``logits`` [V] (the first of equals) where the grammar accepts it
+        next, else None: then the greedy pick under the mask is another token
+        (``allowed()``). The model's own first choice is tested against the grammar's bits
+        as they are, without unpacking the mask (most steps of a trained model)."""
+        self._fill()
+        tok = int(np.argmax(logits))
+        if np.isnan(logits[tok]) or not (int(self._bits[0, tok >> 5]) >> (tok & 31)) & 1:
+            return None   # NaN logits: the sampler's checks say so
+        return tok
+
+    def _fill(self) -> None:
+        """The grammar's bits for the next token, once per position."""
+        if self._filled:
+            return
         t0 = time.perf_counter()
         fill_next_token_bitmask(self.matcher, self._bits, 0)
-        mask = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size]
         self.mask_seconds.append(time.perf_counter() - t0)
         if self.matcher.is_error():
             raise GrammarError(f"constraint failed: {self.matcher.get_error()}")
-        return mask.astype(bool)
+        self._filled = True
 
     def consume(self, token: int) -> None:
+        self._filled = False
         if not self.matcher.consume_token(token):
             raise GrammarError(f"constraint rejected token {token}: {self.matcher.get_error()}")
         self.tokens.append(token)
@@ -160,6 +180,7 @@ class Constraint:
             raise GrammarError("the narrowed grammar does not accept the answer so far: "
                                f"{matcher.get_error()}")
         self.matcher = matcher
+        self._filled = False
         self.restages += 1
 
     def forced(self) -> list[int]:

@@ -270,12 +270,9 @@ class OnnxEngine:
             "logits_index": np.ascontiguousarray(logits_index, dtype=np.int64)}
         if self.ffn_skips is not None:
             inputs["ffn_allow_skip"] = np.array(allow_skip)
-        # the cache's memory, no copy: read as past_X, written in place as present_X
-        in_place = {f"past_{name}": ort.OrtValue.ortvalue_from_numpy(buf)
-                    for name, buf in buffers.items()}
         wanted = ["logits", *(["ffn_skipped"] if self.ffn_skips is not None else [])]
-        try:
-            outs = self.session.run_bound(inputs, in_place, wanted)
+        try:   # the cache's memory, no copy: read as past_X, written in place as present_X
+            outs = self.session.run_bound(inputs, buffers, wanted)
         except Exception as e:  # onnxruntime raises untyped errors (memory, shapes)
             raise EngineError(f"ONNX Runtime failed on a step of {tokens.shape[0]}x"
                               f"{tokens.shape[1]} tokens ({e})") from e

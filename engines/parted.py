@@ -103,6 +103,7 @@ class PartedSession:
         self._outputs = [a for p in self.parts for a in p.get_outputs() if a.name not in inner]
         self._part_inputs = [{a.name for a in p.get_inputs()} for p in self.parts]
         self._part_outputs = [[a.name for a in p.get_outputs()] for p in self.parts]
+        self._kv: tuple[list[np.ndarray], list[tuple[ort.IOBinding, int]]] | None = None
 
     def get_inputs(self) -> list[Any]:
         return self._inputs
@@ -133,17 +134,21 @@ class PartedSession:
             values.update(zip(names, outs, strict=True))
         return [values[n] for n in output_names]
 
-    def run_bound(self, inputs: Mapping[str, np.ndarray], in_place: Mapping[str, ort.OrtValue],
+    def run_bound(self, inputs: Mapping[str, np.ndarray], kv: Mapping[str, np.ndarray],
                   output_names: Sequence[str]) -> dict[str, np.ndarray]:
         """A step with IO binding: ``inputs`` (host arrays) to every part that reads them,
-        ``in_place`` (``past_X`` -> the buffer also bound as ``present_X``) to the part that
-        has them, ``output_names`` allocated by ONNX Runtime; carried tensors stay
-        ONNX Runtime values between parts."""
+        ``kv`` (``X`` -> the buffer read as ``past_X`` and written in place as
+        ``present_X``) to the part that has them, ``output_names`` allocated by ONNX
+        Runtime; carried tensors stay ONNX Runtime values between parts.
+
+        The KV buffers stay bound from one step to the next while they are the same arrays
+        (a decode loop's cache): a small model's step spent ~0.2 ms of its ~1.5 ms wrapping
+        and binding them again."""
+        ios = self._bound(kv)
         carried: dict[str, ort.OrtValue] = {}
         got: dict[str, np.ndarray] = {}
         wanted = set(output_names)
-        for i, part in enumerate(self.parts):
-            io = part.io_binding()
+        for i, (part, (io, n_in_place)) in enumerate(zip(self.parts, ios, strict=True)):
             has = self._part_inputs[i]
             for name, arr in inputs.items():
                 if name in has:
@@ -151,23 +156,40 @@ class PartedSession:
             for name, value in carried.items():
                 if name in has:
                     io.bind_ortvalue_input(name, value)
-            for name, value in in_place.items():
-                if name in has:
-                    io.bind_ortvalue_input(name, value)
-                    io.bind_ortvalue_output("present_" + name.removeprefix("past_"), value)
+            # bound again by name each step: an output left holding last step's value would
+            # be taken as a buffer to reuse, of last step's shape
             bound = [n for n in self._part_outputs[i] if n in wanted or n in self.carried[i]]
             for name in bound:
                 io.bind_output(name)
             part.run_with_iobinding(io)
             outs = io.get_outputs()
             # get_outputs lists the in-place outputs first, in binding order, then the rest
-            n_in_place = sum(name in has for name in in_place)
             for name, value in zip(bound, outs[n_in_place:], strict=True):
                 if name in self.carried[i]:
                     carried[name] = value
                 else:
                     got[name] = value.numpy()
         return got
+
+    def _bound(self, kv: Mapping[str, np.ndarray]) -> list[tuple[ort.IOBinding, int]]:
+        """Each part's IO binding with its KV buffers bound in place (and how many), made
+        anew when ``kv`` holds other arrays than the last step's."""
+        arrays = list(kv.values())
+        if self._kv is not None and len(self._kv[0]) == len(arrays) and all(
+                a is b for a, b in zip(self._kv[0], arrays, strict=True)):
+            return self._kv[1]
+        ios: list[tuple[ort.IOBinding, int]] = []
+        for i, part in enumerate(self.parts):
+            io, n = part.io_binding(), 0
+            for name, buf in kv.items():
+                if f"past_{name}" in self._part_inputs[i]:
+                    value = ort.OrtValue.ortvalue_from_numpy(buf)
+                    io.bind_ortvalue_input(f"past_{name}", value)
+                    io.bind_ortvalue_output(f"present_{name}", value)
+                    n += 1
+            ios.append((io, n))
+        self._kv = (arrays, ios)   # holds the arrays: their ids stay theirs while bound
+        return ios
 
 
 def load(path: Path, make_options: Callable[[], ort.SessionOptions], providers: list[str],

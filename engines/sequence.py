@@ -85,11 +85,13 @@ def advance(row: Row, logits: np.ndarray, tag: Any,
 
 def _step(row: Row, logits: np.ndarray) -> int:
     """Append one token to the row; returns how much of its text is safe to emit."""
-    if row.constraint is None:
+    constraint = row.constraint
+    if constraint is None:
         tok = row.sampler.sample(logits)
     else:
-        tok = row.sampler.sample(logits, row.constraint.allowed())
-        row.constraint.consume(tok)
+        pick = constraint.first_choice(logits) if row.sampler.params.temperature == 0 else None
+        tok = pick if pick is not None else row.sampler.sample(logits, constraint.allowed())
+        constraint.consume(tok)
     row.token_ids.append(tok)
     is_eos = tok in row.eos_ids
     if not is_eos:

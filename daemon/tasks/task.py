@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,13 @@ from rung.engines.grammar import unenforceable_keywords
 
 # optional input fields render as empty; unknown top-level fields are refused at load
 _ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+
+@lru_cache(maxsize=64)
+def _template(source: str) -> jinja2.Template:
+    """A prompt template compiled once (~5 ms each time, a tenth of a short answer on the
+    demo model)."""
+    return _ENV.from_string(source)
 
 
 class TaskError(RungError):
@@ -57,7 +65,7 @@ class Task:
     def messages(self, data: Mapping[str, Any]) -> list[dict[str, str]]:
         """The chat for one input: system prompt + the rendered user prompt."""
         try:
-            user = _ENV.from_string(self.prompt_template).render(
+            user = _template(self.prompt_template).render(
                 **{k: data.get(k) for k in self.input_schema.get("properties", {})})
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError) as e:
             raise TaskError(f"task {self.name}: prompt_template cannot render this input "

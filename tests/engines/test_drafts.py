@@ -14,7 +14,7 @@ from rung.daemon.tasks.runner import TaskRunner
 from rung.daemon.tasks.task import load_tasks
 from rung.engines import AnyEngine, load_engine
 from rung.engines.batch import BatchDecoder
-from rung.engines.drafts import lookup, propose
+from rung.engines.drafts import LOOKUP_NGRAMS, Lookup, lookup, propose
 from rung.engines.generate import generate
 from rung.engines.kv_store import ColdStore
 from rung.engines.prefix_cache import PrefixCache
@@ -32,7 +32,34 @@ def test_lookup_continues_the_latest_earlier_occurrence() -> None:
     assert lookup(ctx, 3) == [3, 4, 5]        # after the latest earlier 5 6 7
     assert lookup([1, 2, 3], 4) == []         # nothing earlier
     assert lookup([9, 1, 2, 9, 1], 2) == [2, 9]   # a 2-gram when no 3-gram repeats
-    assert propose([1, 2, 1, 2], None, room=0) == ([], False)
+    assert propose(Lookup([1, 2, 1, 2]), None, room=0) == ([], False)
+
+
+def _scan(context: list[int], k: int) -> list[int]:
+    """The lookup by a scan of the whole context, latest occurrence first."""
+    for n in LOOKUP_NGRAMS:
+        if len(context) > n:
+            for start in range(len(context) - n - 1, -1, -1):
+                if context[start:start + n] == context[-n:]:
+                    return context[start + n:start + n + k]
+    return []
+
+
+def test_lookup_index_grown_token_by_token_matches_a_scan() -> None:
+    import random
+
+    rnd = random.Random(7)
+    for trial in range(40):
+        vocab = rnd.choice((2, 3, 5, 50))
+        prompt = [rnd.randrange(vocab) for _ in range(rnd.randrange(0, 30))]
+        index, context = Lookup(prompt), list(prompt)
+        for _ in range(60):
+            k = rnd.randrange(1, 9)
+            assert index.drafts(k) == _scan(context, k), (trial, context)
+            more = [rnd.randrange(vocab) for _ in range(rnd.randrange(1, 4))]
+            index.extend(more)
+            context += more
+        assert index.tokens == context
 
 
 @pytest.fixture(scope="module")

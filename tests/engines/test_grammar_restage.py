@@ -60,3 +60,39 @@ def test_a_grammar_that_cannot_carry_the_answer_is_refused(compiler: GrammarComp
         c.restage = lambda tokens, bad=bad: compiler.compile_lark(Lark(bad))
         with pytest.raises(GrammarError, match="does not accept the answer so far"):
             c.consume(last)
+
+
+def test_first_choice_is_the_greedy_pick_under_the_mask(compiler: GrammarCompiler) -> None:
+    """The model's first choice tested on the grammar's bits picks what the sampler picks
+    at temperature 0 over the unpacked mask; where the grammar refuses it (or the logits
+    hold NaN) it leaves the pick to the sampler."""
+    import numpy as np
+
+    from rung.engines.sampler import Sampler, SamplingParams
+
+    rng = np.random.default_rng(3)
+    greedy = Sampler(SamplingParams())
+    c = compiler.constraint(_free_text(compiler))
+    refused = 0
+    for step in range(40):
+        mask = c.allowed()
+        logits = rng.normal(size=2048).astype(np.float32)
+        if step % 3 == 0:   # the model's favourite among the allowed ones
+            logits[int(rng.choice(np.flatnonzero(mask)))] = 10.0
+        if step % 5 == 0:   # ties: the first of equals
+            logits[np.flatnonzero(mask)[:2]] = 20.0
+        want = greedy.sample(logits, mask)
+        got = c.first_choice(logits)
+        if got is None:
+            refused += 1
+            assert not mask[int(np.argmax(logits))]
+        else:
+            assert got == want
+        assert c.allowed().tolist() == mask.tolist()   # the bits stay the position's own
+        c.consume(want)
+        if c.accepting:
+            break
+    assert refused > 0
+    nan = np.zeros(2048, np.float32)
+    nan[5] = np.nan
+    assert c.first_choice(nan) is None
