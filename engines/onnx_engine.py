@@ -271,8 +271,10 @@ class OnnxEngine:
         if self.ffn_skips is not None:
             inputs["ffn_allow_skip"] = np.array(allow_skip)
         wanted = ["logits", *(["ffn_skipped"] if self.ffn_skips is not None else [])]
+        # [B, K, V]: written by the graph where it stands, no copy out of ONNX Runtime
+        logits = np.empty((*logits_index.shape, self.dims.vocab_size), np.float32)
         try:   # the cache's memory, no copy: read as past_X, written in place as present_X
-            outs = self.session.run_bound(inputs, buffers, wanted)
+            outs = self.session.run_bound(inputs, buffers, wanted, {"logits": logits})
         except Exception as e:  # onnxruntime raises untyped errors (memory, shapes)
             raise EngineError(f"ONNX Runtime failed on a step of {tokens.shape[0]}x"
                               f"{tokens.shape[1]} tokens ({e})") from e

@@ -208,6 +208,7 @@ class Tokenizer:
         self._hf = hf
         self._spec = spec
         self._template: jinja2.Template | None = None
+        self._texts: list[str] | None = None
         self._special_ids = frozenset(
             int(i) for i, t in hf.get_added_tokens_decoder().items() if t.special)
         eos = spec.eos_token_ids
@@ -272,6 +273,13 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         """Text of ``ids``; special tokens are kept unless ``skip_special``."""
         return str(self._hf.decode(list(ids), skip_special_tokens=skip_special))
+
+    def token_texts(self) -> list[str]:
+        """Each id's text decoded alone, by id (computed once: ~0.1 s for 150k ids)."""
+        if self._texts is None:
+            self._texts = [str(t) for t in self._hf.decode_batch(
+                [[i] for i in range(self.vocab_size)], skip_special_tokens=False)]
+        return self._texts
 
     # -- chat ----------------------------------------------------------------------------
     def render_chat(self, messages: list[dict[str, str]],

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rung.daemon.tasks import shaping
+from rung.daemon.tasks.names import Closers, NameGuard
 from rung.daemon.tasks.task import Task, TaskError
 from rung.daemon.tasks.validate import validate_output
 from rung.engines import AnyEngine
@@ -129,6 +130,7 @@ class TaskRunner:
         self.prefix = prefix
         self.shaped = shaped
         self.fast = fast
+        self._closer_table: Closers | None = None   # built at the first name guarded
         self.compiler = GrammarCompiler(Path(engine_dir) / "tokenizer.json",
                                         tokenizer.eos_token_ids,
                                         engine.manifest.dims.vocab_size)
@@ -173,8 +175,8 @@ class TaskRunner:
         grammar = (self.grammars[task.name] if shape.schema is task.output_schema
                    else self.compiler.compile(shape.schema))
         constraint = self.compiler.constraint(grammar)
-        if shape.restage is not None:
-            constraint.restage = self._restager(shape.restage, shape.restage_at)
+        if shape.restage is not None or shape.names is not None:
+            self._follow(constraint, shape)
         # the last token of the computed start is left to the model (token healing): the
         # text after it is forced by the grammar anyway, and the model picks the tokens it
         # would have written at that seam
@@ -234,23 +236,44 @@ class TaskRunner:
         need = min(params.max_tokens, math.ceil(FEEDBACK_ROOM * written))
         return prompt_len + need <= self.engine.manifest.dims.max_seq
 
-    def _restager(self, restage: Callable[[str], dict[str, Any] | Lark | None], at: str
-                  ) -> Callable[[list[int]], str | None]:
-        """A shape's restage on answer text, as a constraint's on tokens (the text is
-        decoded only when the last token can have closed a marker: it holds ``at``; a
-        stage the answer is already in is not applied again)."""
+    def _follow(self, constraint: Constraint, shape: shaping.Shape) -> None:
+        """Hook a shape's restage and name guard onto ``constraint``: both read the answer
+        after each token that carries ``shape.restage_at`` (the text is decoded only then);
+        a stage the answer is already in is not applied again."""
+        restage, at = shape.restage, shape.restage_at
+        guard = (NameGuard(self._closers(), shape.names) if shape.names is not None
+                 else None)
         applied: list[dict[str, Any] | Lark] = []
+        texts = self.tokenizer.token_texts()
 
         def on_tokens(tokens: list[int]) -> str | None:
-            if at not in self.tokenizer.decode(tokens[-1:]):
+            last = texts[tokens[-1]] if tokens[-1] < len(texts) else ""
+            answer: list[str] = []
+
+            def text() -> str:
+                if not answer:
+                    answer.append(self.tokenizer.decode(tokens))
+                return answer[0]
+
+            if guard is not None:
+                guard.seen(last, text)
+            if restage is None or at not in last:
                 return None
-            spec = restage(self.tokenizer.decode(tokens))
+            spec = restage(text())
             if spec is None or spec in applied[-1:]:
                 return None
             applied[:] = [spec]
             return (self.compiler.compile_lark(spec) if isinstance(spec, Lark)
                     else self.compiler.compile(spec))
-        return on_tokens
+
+        constraint.restage = on_tokens
+        if guard is not None:
+            constraint.refuse = guard.refused
+
+    def _closers(self) -> Closers:
+        if self._closer_table is None:
+            self._closer_table = Closers(self.tokenizer.token_texts())
+        return self._closer_table
 
     def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:
         """Parse and validate a finished generation (a validator bug answers

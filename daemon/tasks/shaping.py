@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rung.daemon.tasks import st_grammar
+from rung.daemon.tasks.names import NamesAt
 from rung.daemon.tasks.validate import expected_state
 from rung.engines.grammar import Lark
 
@@ -39,6 +40,9 @@ class Shape:
     # once the text decides it (None: nothing new); applied each time it says something new
     restage: Callable[[str], Schema | Lark | None] | None = None
     restage_at: str = "["   # asked only after a token carrying this character
+    # names the answer declares that must be new (``names.NameGuard``): at such a name,
+    # what of it is written and the names it may not be
+    names: NamesAt | None = None
 
 
 def compact(value: Any) -> str:
@@ -146,8 +150,9 @@ def _declare_referenced(schema: Schema, text: str) -> Schema | None:
 
 def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
     """Type and name as the request fixes them; each variable's name one no variable
-    before it took; once the declarations are written, the body follows the ST grammar
-    over them (``st_grammar``): its syntax and names hold."""
+    before it took (nor a keyword or type name, nor the POU's: ``st_grammar.names_at``);
+    once the declarations are written, the body follows the ST grammar over them
+    (``st_grammar``): its syntax and names hold."""
     s = copy.deepcopy(schema)
     props = s["properties"]
     for key in ("pou_type", "name"):
@@ -165,34 +170,22 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
     item_props = item.get("properties") or {}
     if not _free_text(item_props.get("name")):
         return Shape(s)
-    body_free = _free_text(props.get("body"))
     if _free_text(item_props.get("initial")):   # a literal, not free text after ':='
         item_props["initial"] = {**item_props["initial"],
                                  "pattern": st_grammar.LITERAL_PATTERN}
         variables["items"] = item
+    if not _free_text(props.get("body")):
+        return Shape(s, names=st_grammar.names_at)
     required = set(s.get("required") or ())
-
-    def members(names: list[str], schemas: Mapping[str, Any], required: set[str]
-                ) -> list[st_grammar.Member]:
-        return [(k, st_grammar.resolved(schemas[k], defs), k in required) for k in names]
-
-    after_body = members(keys[keys.index("body") + 1:], props, required)
-    after_vars = members(keys[keys.index("variables") + 1:], props, required)
-    item_keys = list(item_props)
-    item_rest = members(item_keys[item_keys.index("name") + 1:], item_props,
-                        set(item.get("required") or ()))
+    after_body = [(k, st_grammar.resolved(props[k], defs), k in required)
+                  for k in keys[keys.index("body") + 1:]]
 
     def restage(text: str) -> Lark | None:
         found = st_grammar.head_pou(text)
-        if found is not None:
-            body = st_grammar.body_grammar(*found, after_body) if body_free else None
-            return None if body is None else Lark(body)
-        named = st_grammar.naming(text)
-        if named is None:
-            return None
-        return Lark(st_grammar.name_grammar(*named, item_rest, item, after_vars))
+        body = None if found is None else st_grammar.body_grammar(*found, after_body)
+        return None if body is None else Lark(body)
 
-    return Shape(s, restage=restage, restage_at='"')
+    return Shape(s, restage=restage, restage_at='"', names=st_grammar.names_at)
 
 
 def _free_text(schema: Any) -> bool:

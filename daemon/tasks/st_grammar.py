@@ -2,9 +2,9 @@
 
 While an ``st_code`` answer writes its ``variables``, each name (from its ``"name":"`` on)
 is one no earlier variable took, nor a keyword, a type name or the POU's name
-(``name_grammar``). Once the declarations are written (the text reaches ``"body":"``), the
-body is generated under a grammar built from them (``body_grammar``), so two classes of
-refusal cannot be generated any more:
+(``names_at``, kept by ``names.NameGuard`` token by token). Once the declarations are
+written (the text reaches ``"body":"``), the body is generated under a grammar built from
+them (``body_grammar``), so two classes of refusal cannot be generated any more:
 
 - syntax: statements are IEC 61131-3 ST as the checker's parser reads it (``IF``/``ELSIF``/
   ``ELSE``/``END_IF;``, ``CASE``, ``FOR``, ``WHILE``, ``REPEAT``, assignments, calls of FB
@@ -27,8 +27,7 @@ The validators stay the judge: the grammar is a subset of what they accept, not 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rung.daemon.tasks.st import (
@@ -206,28 +205,6 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
     return _FIXED + "\n".join(rules) + "\n"
 
 
-_NAME_RE = "[A-Za-z_][A-Za-z0-9_]{0,62}"
-_RESERVED_RE = "|".join(re.escape(n) for n in sorted(RESERVED_NAMES))
-
-
-def name_grammar(head: str, taken: Iterable[str], item_rest: Sequence[Member],
-                 item: Mapping[str, Any], after: Sequence[Member]) -> str:
-    """The Lark grammar for the whole answer when a variable's name comes next: ``head``
-    (up to and including ``"name":"``) as written, a name no variable before it took (nor
-    a keyword or type name, nor ``taken``'s POU name), the rest of this variable
-    (``item_rest``), more variables (``item``: each is narrowed the same way when its name
-    comes), and the members after ``variables`` (``after``)."""
-    banned = "|".join([_RESERVED_RE, *(re.escape(n) for n in sorted(set(taken)) if n)])
-    return "\n".join([
-        "%llguidance {}",
-        'start: HEAD NAME "\\"" item_rest "}" ("," item)* "]" tail',
-        f"HEAD: {_lit(head)}",
-        f"NAME: /{_NAME_RE}/ & ~/(?i:{banned})/",   # IEC names compare case-insensitively
-        "item_rest: " + " ".join(_member(*m) for m in item_rest),
-        f"item: %json{json.dumps(item)}",
-        "tail: " + " ".join(_member(*m) for m in after) + ' "}"', ""])
-
-
 def naming(text: str) -> tuple[str, list[str]] | None:
     """When ``text`` (an answer so far) is at a variable's name: the head (up to and
     including its ``"name":"``) and the names taken before it (the POU's and every earlier
@@ -247,6 +224,17 @@ def naming(text: str) -> tuple[str, list[str]] | None:
     taken = [str(before.get("name", ""))] + [
         str(v.get("name", "")) for v in before.get("variables") or [] if isinstance(v, dict)]
     return text[:at + len(NAME_MARK)], taken
+
+
+def names_at(text: str) -> tuple[str, list[str]] | None:
+    """When ``text`` (an answer so far) is at a variable's name: what of the name is
+    written, and the names it may not be: a keyword or type name, the POU's, an earlier
+    variable's (compared case-insensitively, as IEC names are); else None."""
+    found = naming(text)
+    if found is None:
+        return None
+    head, taken = found
+    return text[len(head):], [*RESERVED_NAMES, *taken]
 
 
 def head_pou(text: str) -> tuple[str, dict[str, Any]] | None:

@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import llguidance
+import numpy as np
 import pytest
 
 from rung.daemon.tasks import st_grammar
+from rung.daemon.tasks.names import NameGuard
 from rung.daemon.tasks.runner import TaskRunner
 from rung.daemon.tasks.shaping import compact, shape
 from rung.daemon.tasks.st import validate_pou
@@ -65,20 +67,27 @@ def _body_grammar(pou: dict[str, Any] = POU) -> Lark:
 
 
 def test_every_corpus_answer_is_accepted_from_its_own_declarations(
-        tokenizer: llguidance.LLTokenizer) -> None:
+        tokenizer: llguidance.LLTokenizer, runner: TaskRunner) -> None:
     """The grammar does not refuse the ST the model was taught: 150 corpus answers (every
-    archetype, every naming style), each whole answer replayed through both stages."""
+    archetype, every naming style), each whole answer replayed through the body's grammar,
+    and token by token past the name guard, which refuses none of its tokens."""
     samples = [s for s in corpus(450, seed=11) if s["task"] == "st_code"]
     assert len({s["kind"] for s in samples}) >= 15
+    tok, texts = runner.tokenizer, runner.tokenizer.token_texts()
+    guarded = 0
     for s in samples:
         text = compact(s["output"])
-        restage = _restage(s["input"])
-        for stage_at in (text.index(st_grammar.BODY_MARK) + len(st_grammar.BODY_MARK),
-                         text.rindex(st_grammar.NAME_MARK, 0, text.index(
-                             st_grammar.BODY_MARK)) + len(st_grammar.NAME_MARK)):
-            grammar = restage(text[:stage_at])
-            assert isinstance(grammar, Lark), (s["kind"], text[:stage_at])
-            assert _accepts(tokenizer, grammar, text), (s["kind"], text)
+        grammar = _restage(s["input"])(text[:text.index(st_grammar.BODY_MARK)
+                                            + len(st_grammar.BODY_MARK)])
+        assert isinstance(grammar, Lark), (s["kind"], text)
+        assert _accepts(tokenizer, grammar, text), (s["kind"], text)
+        guard = NameGuard(runner._closers(), st_grammar.names_at)
+        ids = tok.encode(text, add_bos=False)
+        for i, t in enumerate(ids):
+            assert t not in guard.refused(), (s["kind"], tok.decode(ids[:i + 1]))
+            guarded += guard.written is not None
+            guard.seen(texts[t], lambda i=i, ids=ids: tok.decode(ids[:i + 1]))
+    assert guarded > 500   # positions inside names, where the guard had a say
 
 
 @pytest.mark.parametrize("body", [
@@ -139,20 +148,6 @@ def test_a_function_assigns_its_own_name(tokenizer: llguidance.LLTokenizer) -> N
     assert not _accepts(tokenizer, _body_grammar(fb), _with_body("FC_Clamp := x;", fb))
 
 
-def test_a_variable_name_is_taken_once(tokenizer: llguidance.LLTokenizer) -> None:
-    """At each variable's name: no earlier variable's (case-insensitively), no keyword or
-    type name, not the POU's."""
-    restage = _restage({"description": "d"})
-    head = compact(POU)[:-2] + ',{"section":"VAR","name":"'
-    grammar = restage(head)
-    assert isinstance(grammar, Lark)
-    rest = '","type":"BOOL"}],"body":"bValve := TRUE;"}'
-    assert _accepts(tokenizer, grammar, head + "bFresh" + rest)
-    for name in ("bValve", "BVALVE", "tmrFill", "END_IF", "TON", "FB_Fill"):
-        assert not _accepts(tokenizer, grammar, head + name + rest), name
-    assert restage(head[:-len('"name":"')]) is None   # not at a name yet
-
-
 @pytest.fixture(scope="module")
 def runner(edge_engine: Path) -> TaskRunner:
     engine = load_engine(edge_engine)
@@ -185,10 +180,60 @@ def test_a_schema_that_fixes_names_or_body_keeps_them() -> None:
                       "variables": {"type": "array", "items": False, "prefixItems": [
                           {"type": "object", "properties": {"name": {"const": "x"}}}]},
                       "body": {"enum": ["x := 1;"]}}}
-    assert shape(fixed_vars, ("st",), {"description": "d"}).restage is None
+    fixed = shape(fixed_vars, ("st",), {"description": "d"})
+    assert fixed.restage is None and fixed.names is None
     enum_body = json.loads(json.dumps(ST.output_schema))
     enum_body["properties"]["body"] = {"enum": ["x := 1;"]}
-    restage = shape(enum_body, ("st",), {"description": "d"}).restage
-    assert restage is not None   # names are still narrowed, the body stays the enum
-    assert restage(compact(POU)[:-2] + ',{"section":"VAR","name":"') is not None
-    assert restage(_with_body("", POU)[:-2]) is None
+    enum_shape = shape(enum_body, ("st",), {"description": "d"})
+    assert enum_shape.restage is None   # the body stays the enum
+    assert enum_shape.names is not None   # names are still kept new
+    at_name = enum_shape.names(compact(POU)[:-2] + ',{"section":"VAR","name":"bV')
+    assert at_name is not None and at_name[0] == "bV" and "bValve" in at_name[1]
+
+
+def _constraint_at(runner: TaskRunner, text: str) -> Any:
+    """The st_code constraint of a request, over the tokens of ``text``."""
+    constraint, _, _ = runner._shaped(ST, {"description": "d"})
+    for tok in runner.tokenizer.encode(text, add_bos=False):
+        constraint.consume(tok)
+    return constraint
+
+
+def test_a_variable_name_is_taken_once(runner: TaskRunner) -> None:
+    """At each variable's name: no earlier variable's (case-insensitively), no keyword or
+    type name, not the POU's: the tokens that would close it so are refused there, without
+    a grammar built per name."""
+    closers = runner._closers().by_prefix
+    head = compact(POU)[:-2] + ',{"section":"VAR","name":"'
+    for name, banned in (("bFresh", False), ("bValve", True), ("BVALVE", True),
+                         ("tmrFill", True), ("END_IF", True), ("TON", True),
+                         ("FB_Fill", True), ("bValv", False), ("bValves", False)):
+        c = _constraint_at(runner, head + name)
+        mask = c.allowed()
+        quote = [t for t in closers[""] if mask[t]]
+        assert quote or banned, name          # a fresh name may close
+        assert not (quote and banned), name    # a taken one may not
+        assert mask.any()
+    assert _constraint_at(runner, head + "bValve").restages == 0   # no grammar per name
+    # a token carrying the name's end and the quote is refused the same way
+    c = _constraint_at(runner, head + "bVal")
+    refused = set(c.refuse())
+    assert set(closers.get("VE", ())) <= refused and not set(closers.get("", ())) & refused
+    # past the name the guard is quiet
+    assert _constraint_at(runner, head + 'bValve2","type":"BOOL"').refuse() == []
+
+
+def test_a_guard_never_leaves_a_position_without_a_token(runner: TaskRunner) -> None:
+    """Where every token the grammar allows would be refused, the grammar's choice stands
+    (the validators judge the answer): decoding never stops on an empty mask."""
+    constraint = _constraint_at(runner, compact(POU)[:-2] + ',{"section":"VAR","name":"')
+    before = constraint.allowed()
+    assert before.sum() > 1
+    constraint.refuse = lambda: list(map(int, np.flatnonzero(before)))
+    constraint._filled = False
+    assert constraint.allowed().tolist() == before.tolist()
+    one = int(np.flatnonzero(before)[0])
+    constraint.refuse = lambda: [one]
+    constraint._filled = False
+    after = constraint.allowed()
+    assert not after[one] and after.sum() == before.sum() - 1
