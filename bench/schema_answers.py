@@ -30,11 +30,13 @@ import numpy as np
 import report
 from machine import machine_info
 
-from rung.daemon.tasks.runner import TaskRunner, fast_decoding
+from rung.daemon.tasks.runner import Prepared, TaskResult, TaskRunner, fast_decoding
 from rung.daemon.tasks.task import Task, load_tasks
 from rung.engines import load_engine
+from rung.engines.batch import BatchDecoder
 from rung.engines.onnx_engine import EngineOptions
 from rung.engines.sampler import SamplingParams
+from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
 from rung.tools.corpus import generate as corpus
 
@@ -42,13 +44,35 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TASKS = ("st_code", "fault_tree", "diagnosis")
 
 
-def rung_answers(engine_dir: Path, requests: dict[str, list[Any]], threads: int
-                 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[list[int]]], str]:
+def rung_answers(engine_dir: Path, requests: dict[str, list[Any]], threads: int,
+                 warm: Any = None
+                 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[list[int]]], str,
+                            list[int] | None]:
+    """rung's answers, one request at a time, the prompts' ids, the decoding, and the warm-up
+    prompt's ids. Cold (``warm`` None): each through
+    ``TaskRunner.run`` from an empty cache. Warm: ``warm`` (a diagnosis input not measured)
+    first, then each through one decode loop of one row as the daemon's scheduler runs it
+    (prepare, add, step, finish), which continues in place on the prompt head the last
+    request left in its row."""
     engine = load_engine(engine_dir, "onnx", EngineOptions(threads=threads, decode="auto"))
     tok = Tokenizer.load(engine_dir, engine.manifest.tokenizer)
     fast = fast_decoding("auto", engine)
     runner = TaskRunner(engine, tok, load_tasks(), engine_dir, fast=fast)
-    runner.run([("diagnosis", requests["diagnosis"][0])], SamplingParams())   # warm up
+    loop = BatchDecoder(engine, tok, 1, fast=fast) if warm is not None else None
+
+    def answer(task: str, data: Any) -> TaskResult:
+        if loop is None:
+            (r,) = runner.run([(task, data)], SamplingParams())
+            return r
+        p = runner.prepare(task, data, SamplingParams())
+        assert isinstance(p, Prepared), p
+        loop.add(0, p.ids, p.params, p.constraint)
+        done: list[tuple[Any, Generation]] = []
+        while not done:
+            done = loop.step()
+        return runner.finish(p, done[0][1])
+
+    answer("diagnosis", requests["diagnosis"][0] if warm is None else warm)   # warm up
     out: dict[str, list[dict[str, Any]]] = {}
     prompts: dict[str, list[list[int]]] = {}
     for task in TASKS:
@@ -56,13 +80,14 @@ def rung_answers(engine_dir: Path, requests: dict[str, list[Any]], threads: int
         for data in requests[task]:
             prompts[task].append(runner.prompt_ids(runner.tasks[task], data))
             t0 = time.perf_counter()
-            (r,) = runner.run([(task, data)], SamplingParams())
+            r = answer(task, data)
             s = time.perf_counter() - t0
             g = r.generation
             n = len(g.token_ids) if g is not None else 0
             out[task].append({"s": s, "tokens": n, "closed": (r.error or {}).get("code")
                               != "truncated", "ok": r.ok})
-    return out, prompts, "fast" if fast else "plain"
+    warm_ids = None if warm is None else runner.prompt_ids(runner.tasks["diagnosis"], warm)
+    return out, prompts, "fast" if fast else "plain", warm_ids
 
 
 def _for_llama(schema: Any) -> Any:
@@ -100,10 +125,12 @@ def _llama_grammar(llama_cpp: Any, gguf: Path, task: str, schema: dict[str, Any]
 
 
 def llama_answers(gguf: Path, tasks: dict[str, Task], prompts: dict[str, list[list[int]]],
-                  threads: int, relaxed: list[str]) -> tuple[dict[str, list[dict[str, Any]]],
-                                                             bool]:
+                  threads: int, relaxed: list[str], warm: list[int] | None = None
+                  ) -> tuple[dict[str, list[dict[str, Any]]], bool]:
     """llama.cpp's answers; ``relaxed`` gets the tasks whose schema llama.cpp could take
-    only without its length bounds."""
+    only without its length bounds. Cold (``warm`` None): each from a reset context. Warm:
+    the prompt ``warm`` (not measured) first, then each on the context the last one left
+    (llama-cpp-python continues on the longest prefix its cache shares with the prompt)."""
     import llama_cpp
 
     # llama-cpp-python 0.3.36 as pip builds it here crashes on batches of quantized tokens
@@ -114,11 +141,18 @@ def llama_answers(gguf: Path, tasks: dict[str, Task], prompts: dict[str, list[li
     llm = llama_cpp.Llama(str(gguf), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
                           n_batch=batch, n_ubatch=batch, verbose=False)
     out: dict[str, list[dict[str, Any]]] = {}
+    if warm is not None:
+        grammar = _llama_grammar(llama_cpp, gguf, "diagnosis",
+                                 tasks["diagnosis"].output_schema, [])
+        for _ in llm.create_completion(prompt=warm, max_tokens=tasks["diagnosis"].max_tokens,
+                                       temperature=0.0, grammar=grammar, stream=True):
+            pass
     for task in TASKS:
         grammar = _llama_grammar(llama_cpp, gguf, task, tasks[task].output_schema, relaxed)
         out[task] = []
         for ids in prompts[task]:
-            llm.reset()
+            if warm is None:
+                llm.reset()
             t0 = time.perf_counter()
             first, text, n = None, "", 0
             for chunk in llm.create_completion(prompt=ids, max_tokens=tasks[task].max_tokens,
@@ -183,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--tag", default="", help="appended to the results' file name")
+    p.add_argument("--warm", action="store_true",
+                   help="serve as a daemon does: each engine continues on the prompt head "
+                   "its last request left (rung: its decode loop's row; llama.cpp: its own "
+                   "prefix match) after one unmeasured request")
     args = p.parse_args(argv)
     pairs = {k: tuple(v.split(":")) for k, v in
              (item.split("=") for item in args.pairs.split(","))}
@@ -190,20 +228,26 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         sys.exit(f"schema_answers: build failed: {errors}")
     requests: dict[str, list[Any]] = {t: [] for t in TASKS}
+    spare: list[Any] = []   # the warm-up request of --warm: a diagnosis not measured
     for s in corpus(60, seed=1000):
         if len(requests[s["task"]]) < args.n:
             requests[s["task"]].append(s["input"])
+        elif s["task"] == "diagnosis" and not spare:
+            spare.append(s["input"])
     tasks = load_tasks()
     record: dict[str, Any] = {"stamp": time.strftime("%Y-%m-%d") + "-schema-answers"
                               + (f"-{args.tag}" if args.tag else ""),
                               "command": shlex.join(sys.orig_argv), "machine": machine_info(),
-                              "preset": args.preset, "n": args.n, "results": {},
+                              "preset": args.preset, "n": args.n, "warm": args.warm,
+                              "results": {},
                               "token_batches": {}}
     for pair, (rung_kind, llama_kind) in pairs.items():
-        got, prompts, decode = rung_answers(art.path(rung_kind), requests, args.threads)
+        warm = spare[0] if args.warm else None
+        got, prompts, decode, warm_ids = rung_answers(art.path(rung_kind), requests,
+                                                      args.threads, warm)
         relaxed: list[str] = []
         theirs, token_batches = llama_answers(art.path(llama_kind) / "model.gguf", tasks,
-                                              prompts, args.threads, relaxed)
+                                              prompts, args.threads, relaxed, warm_ids)
         record.setdefault("relaxed", relaxed)
         record["token_batches"][pair] = token_batches
         record["results"][pair] = {t: {"decode": decode, "rung": summary(got[t]),

@@ -108,3 +108,26 @@ def test_parted_load_is_chosen_for_large_packed_engines(
     # nothing packed, nothing to build in parallel
     assert len(load_engine(engines["llama"], options=EngineOptions(prepack=False))
                .session.parts) == 1
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_caches_taking_turns_answer_as_each_alone(parts: int, engines: dict[str, Path]) -> None:
+    """The KV buffers stay bound between steps while a cache keeps stepping; a step on
+    another cache (or on row slices of one) binds its own: caches taking turns on one
+    engine get what each gets on an engine of its own."""
+    alone = [_steps(_load(engines["llama"], parts)) for _ in range(2)]
+    shared = _load(engines["llama"], parts)
+    rng = np.random.default_rng(0)
+    caches = [shared.new_cache(2, 64), shared.new_cache(2, 64)]
+    tokens = rng.integers(3, shared.dims.vocab_size, (2, 12))
+    got: list[list[np.ndarray]] = [[], []]
+    for c, out in zip(caches, got, strict=True):
+        out.append(shared.forward(c, tokens, np.array([12, 7])))
+    for n in (1, 3, 1):
+        step = rng.integers(3, shared.dims.vocab_size, (2, n))
+        for c, out in zip(caches, got, strict=True):   # the same steps, in turn
+            out.append(shared.forward(c, step, np.array([n, 1]), np.tile(np.arange(n), (2, 1))))
+    for (want, kv), out, cache in zip(alone, got, caches, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(want, out, strict=True))
+        assert all(np.array_equal(x, np.array(y))
+                   for x, y in zip(kv, cache.buffers.values(), strict=True))
