@@ -2,12 +2,16 @@
 
 Held-out corpus requests (seed 1000, ``--n`` per task), greedy, batch 1, the same prompt
 token ids for both: rung answers through its task runner as ``rung serve`` does (shapes on;
-fast decoding where the engine allows it: fp32 weights); llama.cpp (llama-cpp-python)
+fast decoding where it answers as plain decoding does); llama.cpp (llama-cpp-python)
 answers under ``LlamaGrammar.from_json_schema`` of the task's published output schema,
 streamed, from a reset context. Each in turn in this process, on the same weights at the
 same precision (``--pairs``: rung engine = llama.cpp file, from ``bench/artifacts.py``'s
 cache). Reports per task and engine: answer seconds (request to the closed JSON), time to
-first token, answer tokens and tokens per second, and the ratio of mean answer times.
+first token, answer tokens and tokens per second (rung's answer tokens include those of
+the answer's start that code computes and feeds as prompt: a diagnosis's state detection;
+the decoded ones in brackets), and the ratios of mean answer times and of tokens per
+second. ``--warm``: each engine continues on the prompt head its last request left, as a
+serving daemon does.
 
     cd bench && ../.venv/bin/python schema_answers.py [--preset smollm2-135m] [--n 4]
 
@@ -84,8 +88,12 @@ def rung_answers(engine_dir: Path, requests: dict[str, list[Any]], threads: int,
             s = time.perf_counter() - t0
             g = r.generation
             n = len(g.token_ids) if g is not None else 0
-            out[task].append({"s": s, "tokens": n, "closed": (r.error or {}).get("code")
-                              != "truncated", "ok": r.ok})
+            # the answer's start computed by code (a diagnosis's state detection) is fed as
+            # prompt: its tokens are the answer's too, written without decode steps
+            computed = g.prompt_tokens - len(prompts[task][-1]) if g is not None else 0
+            out[task].append({"s": s, "tokens": n + computed, "decoded": n,
+                              "closed": (r.error or {}).get("code") != "truncated",
+                              "ok": r.ok})
     warm_ids = None if warm is None else runner.prompt_ids(runner.tasks["diagnosis"], warm)
     return out, prompts, "fast" if fast else "plain", warm_ids
 
@@ -179,6 +187,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out["ttft_s_mean"] = float(np.mean([r["ttft_s"] or 0.0 for r in rows]))
     if "ok" in rows[0]:
         out["valid"] = sum(r["ok"] for r in rows)
+    if "decoded" in rows[0]:
+        out["decoded_mean"] = float(np.mean([r["decoded"] for r in rows]))
     return out
 
 
@@ -188,16 +198,20 @@ def markdown(record: dict[str, Any]) -> str:
              f"Command: `{record['command']}`", "",
              f"Machine: {m['cpu_model']}, {m['cpus_usable']} CPUs ({', '.join(m['simd'])}); "
              f"{record['preset']}, {record['n']} held-out requests per task, greedy, batch 1.",
-             "", "| precision | task | rung decode | rung s / answer | rung tokens | rung tok/s "
-             "| llama.cpp s / answer | llama.cpp TTFT s | llama.cpp tokens | llama.cpp tok/s "
-             "| rung faster by |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| precision | task | rung decode | rung s / answer | rung answer tokens "
+             "(decoded) | rung tok/s | llama.cpp s / answer | llama.cpp TTFT s | llama.cpp "
+             "tokens | llama.cpp tok/s | answer time ratio | tok/s ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for pair, by_task in record["results"].items():
         for task, r in by_task.items():
             a, b = r["rung"], r["llama.cpp"]
+            decoded = a.get("decoded_mean", a["tokens_mean"])
             lines.append(f"| {pair} | {task} | {r['decode']} | {a['s_mean']:.2f} | "
-                         f"{a['tokens_mean']:.0f} | {a['tok_per_s']:.0f} | {b['s_mean']:.2f} | "
-                         f"{b['ttft_s_mean']:.2f} | {b['tokens_mean']:.0f} | "
-                         f"{b['tok_per_s']:.0f} | {b['s_mean'] / a['s_mean']:.2f}x |")
+                         f"{a['tokens_mean']:.0f} ({decoded:.0f}) | {a['tok_per_s']:.0f} | "
+                         f"{b['s_mean']:.2f} | {b['ttft_s_mean']:.2f} | "
+                         f"{b['tokens_mean']:.0f} | {b['tok_per_s']:.0f} | "
+                         f"{b['s_mean'] / a['s_mean']:.2f}x | "
+                         f"{a['tok_per_s'] / b['tok_per_s']:.2f}x |")
     notes = [f"- {pair}: llama.cpp prefilled one token per batch (llama-cpp-python on this "
              "AMX CPU crashes on batched quantized prefill)"
              for pair, tb in record["token_batches"].items() if tb]

@@ -10,7 +10,7 @@ the first token, plus every restage while decoding: compiling the new grammar an
 replaying the answer so far), restages per answer, mask µs per token (mean, p99) and
 seconds per answer.
 
-    cd bench && ../.venv/bin/python shaped_grammar.py [--n 60]
+    cd bench && ../.venv/bin/python shaped_grammar.py [--n 60] [--tag NAME]
 
 Writes ``bench/results/<date>-shaped-grammar.{json,md}``.
 """
@@ -97,12 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=60, help="held-out corpus requests (all tasks)")
     p.add_argument("--seed", type=int, default=1000)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--tag", default="", help="appended to the results' file name")
     args = p.parse_args(argv)
     held_out: dict[str, list[Any]] = {t: [] for t in TASKS}
     for s in corpus(args.n, seed=args.seed):
         held_out[s["task"]].append(s["input"])
     hand = json.loads((ROOT / "tests" / "data" / "handwritten.json").read_text("utf-8"))
-    record: dict[str, Any] = {"stamp": time.strftime("%Y-%m-%d") + "-shaped-grammar",
+    record: dict[str, Any] = {"stamp": time.strftime("%Y-%m-%d") + "-shaped-grammar"
+                              + (f"-{args.tag}" if args.tag else ""),
                               "command": shlex.join(sys.orig_argv),
                               "machine": machine.machine_info(), "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
