@@ -147,6 +147,8 @@ class Constraint:
         (``allowed()``). The model's own first choice is tested against the grammar's bits
         as they are, without unpacking the mask (most steps of a trained model)."""
         self._fill()
+        if logits.shape != (self.vocab_size,):
+            return None   # the sampler's checks say what is wrong with them
         tok = int(np.argmax(logits))
         if np.isnan(logits[tok]) or not (int(self._bits[0, tok >> 5]) >> (tok & 31)) & 1:
             return None   # NaN logits: the sampler's checks say so

@@ -96,3 +96,4 @@ def test_first_choice_is_the_greedy_pick_under_the_mask(compiler: GrammarCompile
     nan = np.zeros(2048, np.float32)
     nan[5] = np.nan
     assert c.first_choice(nan) is None
+    assert c.first_choice(np.zeros((2, 2048), np.float32)) is None   # the sampler refuses it
