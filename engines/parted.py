@@ -146,7 +146,8 @@ class PartedSession:
 
         The KV buffers stay bound from one step to the next while they are the same arrays
         (a decode loop's cache): a small model's step spent ~0.2 ms of its ~1.5 ms wrapping
-        and binding them again."""
+        and binding them again. The bindings are the session's own: one step at a time (the
+        daemon runs its engine on one thread)."""
         ios = self._bound(kv)
         carried: dict[str, ort.OrtValue] = {}
         into = into or {}
