@@ -128,12 +128,21 @@ class Constraint:
         self.mask_seconds: list[float] = []  # time to compute each step's mask
         self.tokens: list[int] = []          # consumed so far
         self.restage: Restage | None = None
-        # () -> tokens refused at the next position besides what the grammar refuses (a
-        # name kept new: ``daemon/tasks/names.py``); a position they would leave without
-        # any token keeps the grammar's choice
-        self.refuse: Callable[[], Sequence[int]] | None = None
+        self._refuse: Callable[[], Sequence[int]] | None = None
         self.restages = 0                    # times the grammar was narrowed
         self.restage_seconds = 0.0           # building and replaying the narrowed grammar
+
+    @property
+    def refuse(self) -> Callable[[], Sequence[int]] | None:
+        """() -> tokens refused at the next position besides what the grammar refuses (a
+        name kept new: ``daemon/tasks/names.py``); a position they would leave without any
+        token keeps the grammar's choice; ids past the vocabulary are ignored."""
+        return self._refuse
+
+    @refuse.setter
+    def refuse(self, hook: Callable[[], Sequence[int]] | None) -> None:
+        self._refuse = hook
+        self._filled = False   # the next mask is asked of the new hook
 
     def allowed(self) -> np.ndarray:
         """Boolean mask [V]: tokens the grammar accepts next (EOS once it is complete)."""
@@ -162,12 +171,13 @@ class Constraint:
         fill_next_token_bitmask(self.matcher, self._bits, 0)
         if self.matcher.is_error():
             raise GrammarError(f"constraint failed: {self.matcher.get_error()}")
-        refused = self.refuse() if self.refuse is not None else ()
+        refused = self._refuse() if self._refuse is not None else ()
         if refused:
             words = self._bits.view(np.uint32)[0]
             kept = words.copy()
             for tok in refused:
-                words[tok >> 5] &= ~np.uint32(1 << (tok & 31))
+                if 0 <= tok < self.vocab_size:
+                    words[tok >> 5] &= ~np.uint32(1 << (tok & 31))
             if not words.any():
                 words[:] = kept
         self.mask_seconds.append(time.perf_counter() - t0)

@@ -244,7 +244,7 @@ class OnnxEngine:
         before = np.maximum(cache.lengths + n_new, 1) - n_new
         if int((before + s).max()) <= cache.max_seq:
             logits, skipped = self._run_fused(cache.buffers, cache.lengths, tokens, n_new,
-                                              logits_index, allow_skip)
+                                              logits_index, allow_skip, owner=cache)
         else:
             logits = np.zeros((*logits_index.shape, self.dims.vocab_size), np.float32)
             skipped = None
@@ -259,7 +259,10 @@ class OnnxEngine:
 
     def _run_fused(self, buffers: dict[str, np.ndarray], lengths: np.ndarray,
                    tokens: np.ndarray, n_new: np.ndarray, logits_index: np.ndarray,
-                   allow_skip: bool) -> tuple[np.ndarray, np.ndarray | None]:
+                   allow_skip: bool, owner: KVCache | None = None
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One run of the fused graph; ``owner``: the cache whose buffers these are, whose
+        bindings the session keeps between its steps (none for row slices)."""
         total = lengths + n_new
         inputs = {
             "input_ids": np.ascontiguousarray(tokens, dtype=np.int64),
@@ -274,7 +277,7 @@ class OnnxEngine:
         # [B, K, V]: written by the graph where it stands, no copy out of ONNX Runtime
         logits = np.empty((*logits_index.shape, self.dims.vocab_size), np.float32)
         try:   # the cache's memory, no copy: read as past_X, written in place as present_X
-            outs = self.session.run_bound(inputs, buffers, wanted, {"logits": logits})
+            outs = self.session.run_bound(inputs, buffers, wanted, {"logits": logits}, owner)
         except Exception as e:  # onnxruntime raises untyped errors (memory, shapes)
             raise EngineError(f"ONNX Runtime failed on a step of {tokens.shape[0]}x"
                               f"{tokens.shape[1]} tokens ({e})") from e

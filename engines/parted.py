@@ -19,6 +19,7 @@ whole (tests/engines/test_parted.py compares logits and KV).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -103,7 +104,12 @@ class PartedSession:
         self._outputs = [a for p in self.parts for a in p.get_outputs() if a.name not in inner]
         self._part_inputs = [{a.name for a in p.get_inputs()} for p in self.parts]
         self._part_outputs = [[a.name for a in p.get_outputs()] for p in self.parts]
-        self._kv: tuple[list[np.ndarray], list[tuple[ort.IOBinding, int]]] | None = None
+        # per owner of KV buffers (a cache), its bindings: the arrays bound in place, the
+        # outputs bound, each part's binding. Held weakly by the owner: a binding holds its
+        # arrays, and a dropped cache must not stay alive through the session
+        self._bindings: weakref.WeakKeyDictionary[
+            object, tuple[list[np.ndarray], tuple[str, ...],
+                          list[tuple[ort.IOBinding, int]]]] = weakref.WeakKeyDictionary()
 
     def get_inputs(self) -> list[Any]:
         return self._inputs
@@ -135,8 +141,8 @@ class PartedSession:
         return [values[n] for n in output_names]
 
     def run_bound(self, inputs: Mapping[str, np.ndarray], kv: Mapping[str, np.ndarray],
-                  output_names: Sequence[str], into: Mapping[str, np.ndarray] | None = None
-                  ) -> dict[str, np.ndarray]:
+                  output_names: Sequence[str], into: Mapping[str, np.ndarray] | None = None,
+                  owner: object | None = None) -> dict[str, np.ndarray]:
         """A step with IO binding: ``inputs`` (host arrays) to every part that reads them,
         ``kv`` (``X`` -> the buffer read as ``past_X`` and written in place as
         ``present_X``) to the part that has them; ``into``: outputs written into these
@@ -144,13 +150,15 @@ class PartedSession:
         other ``output_names`` allocated by ONNX Runtime; carried tensors stay ONNX Runtime
         values between parts.
 
-        The KV buffers stay bound from one step to the next while they are the same arrays
-        (a decode loop's cache): a small model's step spent ~0.2 ms of its ~1.5 ms wrapping
-        and binding them again. The bindings are the session's own: one step at a time (the
-        daemon runs its engine on one thread)."""
-        ios = self._bound(kv)
-        carried: dict[str, ort.OrtValue] = {}
+        ``owner`` (weakly referenced; the cache the KV buffers belong to): its buffers stay
+        bound from one step to the next while they are the same arrays and the same outputs
+        are asked for (a small model's step spent ~0.2 ms of its ~1.5 ms wrapping and
+        binding them again); without one they are bound for this step only. The bindings
+        are the session's own: one step at a time (the daemon runs its engine on one
+        thread)."""
         into = into or {}
+        ios = self._bound(kv, (*into, "", *output_names), owner)
+        carried: dict[str, ort.OrtValue] = {}
         got: dict[str, np.ndarray] = dict(into)
         wanted = set(output_names) - set(into)
         for i, (part, (io, n_in_place)) in enumerate(zip(self.parts, ios, strict=True)):
@@ -182,14 +190,19 @@ class PartedSession:
                     got[name] = value.numpy()
         return got
 
-    def _bound(self, kv: Mapping[str, np.ndarray]) -> list[tuple[ort.IOBinding, int]]:
-        """Each part's IO binding with its KV buffers bound in place (and how many), made
-        anew when ``kv`` holds other arrays than the last step's."""
+    def _bound(self, kv: Mapping[str, np.ndarray], outputs: tuple[str, ...],
+               owner: object | None) -> list[tuple[ort.IOBinding, int]]:
+        """Each part's IO binding with its KV buffers bound in place (and how many): the
+        owner's from its last step while ``kv`` holds the same arrays and the same
+        ``outputs`` are asked for (an output bound before and not now would still be
+        written), else made anew."""
         arrays = list(kv.values())
-        if self._kv is not None and len(self._kv[0]) == len(arrays) and all(
-                a is b for a, b in zip(self._kv[0], arrays, strict=True)):
-            return self._kv[1]
-        ios: list[tuple[ort.IOBinding, int]] = []
+        if owner is not None and owner in self._bindings:
+            held, bound_outputs, ios = self._bindings[owner]
+            if bound_outputs == outputs and len(held) == len(arrays) and all(
+                    a is b for a, b in zip(held, arrays, strict=True)):
+                return ios
+        ios = []
         for i, part in enumerate(self.parts):
             io, n = part.io_binding(), 0
             for name, buf in kv.items():
@@ -199,7 +212,8 @@ class PartedSession:
                     io.bind_ortvalue_output(f"present_{name}", value)
                     n += 1
             ios.append((io, n))
-        self._kv = (arrays, ios)   # holds the arrays: their ids stay theirs while bound
+        if owner is not None:
+            self._bindings[owner] = (arrays, outputs, ios)
         return ios
 
 

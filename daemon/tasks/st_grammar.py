@@ -226,15 +226,17 @@ def naming(text: str) -> tuple[str, list[str]] | None:
     return text[:at + len(NAME_MARK)], taken
 
 
-def names_at(text: str) -> tuple[str, list[str]] | None:
+def names_at(text: str) -> tuple[str | None, list[str]] | None:
     """When ``text`` (an answer so far) is at a variable's name: what of the name is
-    written, and the names it may not be: a keyword or type name, the POU's, an earlier
-    variable's (compared case-insensitively, as IEC names are); else None."""
-    found = naming(text)
+    written (None: ``text`` ends at its ``"name":``, the opening quote comes next), and the
+    names it may not be: a keyword or type name, the POU's, an earlier variable's (compared
+    case-insensitively, as IEC names are); else None."""
+    opening = text.endswith(NAME_MARK[:-1])
+    found = naming(text + '"' if opening else text)
     if found is None:
         return None
     head, taken = found
-    return text[len(head):], [*RESERVED_NAMES, *taken]
+    return (None if opening else text[len(head):]), [*RESERVED_NAMES, *taken]
 
 
 def head_pou(text: str) -> tuple[str, dict[str, Any]] | None:

@@ -131,3 +131,51 @@ def test_caches_taking_turns_answer_as_each_alone(parts: int, engines: dict[str,
         assert all(np.array_equal(x, y) for x, y in zip(want, out, strict=True))
         assert all(np.array_equal(x, np.array(y))
                    for x, y in zip(kv, cache.buffers.values(), strict=True))
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_a_dropped_cache_is_not_kept_alive(parts: int, engines: dict[str, Path]) -> None:
+    """The bindings a session keeps for a cache between steps go with the cache: a cache
+    dropped after a step frees its buffers (a decoder rebuilt after a failure, or a
+    generate call's cache, must not stay in memory through the engine)."""
+    import gc
+    import weakref
+
+    engine = _load(engines["llama"], parts)
+    cache = engine.new_cache(2, 64)
+    engine.forward(cache, np.array([[5, 6, 7], [8, 9, 10]]), np.array([3, 2]))
+    engine.forward(cache, np.array([[11], [12]]), np.array([1, 1]))   # bindings reused
+    buffer = weakref.ref(next(iter(cache.buffers.values())))
+    del cache
+    gc.collect()
+    assert buffer() is None
+
+
+def test_an_output_asked_for_once_is_not_written_again(tmp_path: Path) -> None:
+    """An array an output was written into is the caller's after the step: a later step
+    that asks for other outputs binds afresh instead of writing into it again."""
+    from rung.export.exporter import ExportOptions, export
+
+    export(Path(__file__).resolve().parents[2] / "models" / "edge-tiny", tmp_path / "gated",
+           ExportOptions(kv="fp32", ffn_skip="trained"))   # fused graph, FFN gates
+    engine = _load(tmp_path / "gated", 2)
+    assert engine.fused and engine.ffn_skips is not None
+    cache = engine.new_cache(1, 64)
+
+    def inputs(tok: int, length: int) -> dict[str, np.ndarray]:
+        return {"input_ids": np.array([[tok]], np.int64),
+                "seqlens_k": np.array([length], np.int32),
+                "query_seqlens": np.array([1], np.int32),
+                "total_sequence_length": np.array(length + 1, np.int32),
+                "logits_index": np.zeros((1, 1), np.int64),
+                "ffn_allow_skip": np.array(False)}
+
+    first = np.empty((1, 1, engine.dims.vocab_size), np.float32)
+    got = engine.session.run_bound(inputs(5, 0), cache.buffers, ["logits", "ffn_skipped"],
+                                   {"logits": first}, owner=cache)
+    kept = first.copy()
+    assert got["logits"] is first
+    again = engine.session.run_bound(inputs(9, 1), cache.buffers, ["ffn_skipped"],
+                                     owner=cache)
+    assert set(again) == {"ffn_skipped"}
+    assert np.array_equal(first, kept)   # not written by the second step

@@ -230,10 +230,39 @@ def test_a_guard_never_leaves_a_position_without_a_token(runner: TaskRunner) -> 
     before = constraint.allowed()
     assert before.sum() > 1
     constraint.refuse = lambda: list(map(int, np.flatnonzero(before)))
-    constraint._filled = False
     assert constraint.allowed().tolist() == before.tolist()
     one = int(np.flatnonzero(before)[0])
-    constraint.refuse = lambda: [one]
-    constraint._filled = False
-    after = constraint.allowed()
+    constraint.refuse = lambda: [one, constraint.vocab_size, constraint.vocab_size + 40]
+    after = constraint.allowed()   # ids past the vocabulary are no tokens: ignored
     assert not after[one] and after.sum() == before.sum() - 1
+
+
+def test_the_guard_on_any_split_of_a_name_into_tokens() -> None:
+    """However a tokenizer splits a name — one token from quote to quote, the opening
+    quote with its start, its end with the closing quote and more — the tokens that would
+    complete a taken name are the ones refused, and only where they would."""
+    from rung.daemon.tasks.names import Closers
+
+    vocab = ['"', '":', '"bValve"', '"bValve",', '"bVa', 'lve"', 'lve",', 'lves"', "b",
+             "Valve", '"', '"x"', "VALVE", ":"]
+    ids = {t: i for i, t in enumerate(vocab)}
+    head = compact(POU)[:-2] + ',{"section":"VAR","name'
+
+    def walk(tokens: list[str]) -> list[set[int]]:
+        """The tokens refused before each of ``tokens``, fed after ``head``."""
+        guard = NameGuard(Closers(vocab), st_grammar.names_at)
+        text, out = head, []
+        for t in tokens:
+            out.append(set(guard.refused()))
+            text += t
+            guard.seen(t, lambda text=text: text)
+        return out
+
+    refused = walk(['":', '"bVa', 'lve"'])   # '"name":', then the quote opens the name
+    assert refused[0] == set()                 # not at a name yet
+    assert refused[1] == {ids['"bValve"'], ids['"bValve",']}   # a taken name in one token
+    assert refused[2] == {ids['lve"'], ids['lve",']}   # closing it as taken; "bValves" free
+    inside = walk(['":"', "b", "VALVE", '"'])   # the quote opens, the name runs in pieces
+    assert inside[1] == set() and inside[2] == set()
+    assert ids['"'] in inside[3]                       # "bVALVE" may not close
+    assert walk(['":"', "x", '"', ","])[3] == set()   # past the name: quiet
