@@ -93,12 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         "results": {t: {str(m): ms for m, ms in r.items()} for t, r in results.items()}}
     lines = [f"# MatMulNBits by rows {stamp} ({args.k} x {args.n}, int4, block 32, "
              "accuracy level 4)", "", f"Command: `{record['command']}`", "",
-             "| weights, threads | " + " | ".join(f"{m} row{'s' if m > 1 else ''}" for m in ROWS)
-             + " |",
-             "|---|" + "---|" * len(ROWS)]
-    for threads, ms in results.items():
-        cells = " | ".join(f"{ms[m]:.3f} ms ({ms[m] / m:.3f} a row)" for m in ROWS)
-        lines.append(f"| {threads} | {cells} |")
+             *report.by_size("weights, threads", lambda m: f"{m} row{'s' if m > 1 else ''}",
+                             ROWS, results,
+                             lambda ms, m: f"{ms[m]:.3f} ms ({ms[m] / m:.3f} a row)")]
     report.publish(RESULTS, record, lines)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,16 @@ def write_record(out: Path, record: dict[str, Any], md: str) -> Path:
     Path(f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
     Path(f"{stem}.md").write_text(md)
     return stem
+
+
+def by_size(first: str, label: Callable[[int], str], sizes: Sequence[int],
+            results: Mapping[str, Mapping[int, float]],
+            cell: Callable[[Mapping[int, float], int], str]) -> list[str]:
+    """A markdown table of ``results`` (row name -> size -> value), one column a size."""
+    return [f"| {first} | " + " | ".join(label(n) for n in sizes) + " |",
+            "|---|" + "---|" * len(sizes),
+            *(f"| {name} | " + " | ".join(cell(v, n) for n in sizes) + " |"
+              for name, v in results.items())]
 
 
 def publish(out: Path, record: dict[str, Any], md_lines: list[str]) -> None:

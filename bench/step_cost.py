@@ -78,13 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     record = {"stamp": stamp, "command": shlex.join(["python", *sys.orig_argv[1:]]),
               "machine": machine_info(), "prompt": args.prompt, "threads": args.threads,
               "results": {k: {str(n): ms for n, ms in v.items()} for k, v in results.items()}}
-    head = " | ".join(f"{n} token{'s' if n > 1 else ''}" for n in SIZES)
     lines = [f"# Step cost {stamp} (after a {args.prompt}-token prompt, {args.threads} threads)",
              "", f"Command: `{record['command']}`", "",
-             f"| engine | {head} |", "|---|" + "---|" * len(SIZES)]
-    for name, ms in results.items():
-        cells = " | ".join(f"{ms[n]:.1f} ms ({ms[n] / ms[1]:.2f}x)" for n in SIZES)
-        lines.append(f"| {name} | {cells} |")
+             *report.by_size("engine", lambda n: f"{n} token{'s' if n > 1 else ''}", SIZES,
+                             results, lambda ms, n: f"{ms[n]:.1f} ms ({ms[n] / ms[1]:.2f}x)")]
     report.publish(RESULTS, record, lines)
     return 0
 
