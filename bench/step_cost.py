@@ -1,7 +1,7 @@
 """What a step of several new tokens costs against a step of one, weights packed or not.
 
     cd bench && ../.venv/bin/python step_cost.py ENGINE_DIR... [--prompt 200] [--threads 2]
-                                                [--tag NAME]
+                                                [--tag NAME] [--profile]
 
 Fast decoding checks its drafts in the step that feeds a row's last token, so it pays off
 as far as a step over 1 + k tokens costs little more than a step over one. For each engine
@@ -9,15 +9,20 @@ and for ONNX Runtime's weight prepacking off and on (each in its own session; a 
 fused engine also with its lone tokens unpadded, ``OnnxEngine._padded``): a
 ``--prompt``-token prefill, then steps of 1, 2, 3, 5 and 9 new tokens from the same cache
 length (the cache set back after each), 3 rounds x 5 steps each, median step time. Writes
-``bench/results/<date>-step-cost.{json,md}``.
+``bench/results/<date>-step-cost.{json,md}``. ``--profile`` adds, per engine (packed, one
+session), ONNX Runtime's own profile of one step of 1 and one of 9 new tokens: ms per
+operator type and the costliest node.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,7 @@ import numpy as np
 import report
 from machine import machine_info
 
-from rung.engines import load_engine
+from rung.engines import load_engine, parted
 from rung.engines.onnx_engine import EngineOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -57,12 +62,58 @@ def measure(engine_dir: Path, prepack: bool, prompt: int, threads: int,
     return {n: statistics.median(ts) for n, ts in times.items()}
 
 
+def profile(engine_dir: Path, prompt: int, threads: int) -> dict[str, Any]:
+    """ONNX Runtime's profile of a step of 1 and of 9 new tokens after ``prompt``: per size,
+    the step's ms, ms per operator type and the costliest node."""
+    load = parted.load
+
+    def profiled(path: Path, make_options: Any, providers: list[str], parts: int) -> Any:
+        def options() -> Any:
+            so = make_options()
+            so.enable_profiling = True
+            so.profile_file_prefix = str(Path(tmp) / "step")
+            return so
+        return load(path, options, providers, 1)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        parted.load = profiled
+        try:
+            engine: Any = load_engine(engine_dir, "onnx", EngineOptions(threads=threads,
+                                                                        prepack=True))
+        finally:
+            parted.load = load
+        rng = np.random.default_rng(0)
+        cache = engine.new_cache(1)
+        engine.forward(cache, rng.integers(100, 1000, (1, prompt)), np.array([prompt]))
+        base = int(cache.lengths[0])
+        for n in (1, 1, 9, 9):   # the second of each is read
+            cache.lengths[:] = base
+            engine.forward(cache, rng.integers(100, 1000, (1, n)), np.array([n]),
+                           np.arange(n, dtype=np.int64)[None])
+        events = json.loads(Path(engine.session.parts[0].end_profiling()).read_text())
+    runs = [e for e in events if e.get("name") == "model_run"]
+    nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    out: dict[str, Any] = {}
+    for n, run in ((1, runs[-3]), (9, runs[-1])):
+        inside = [e for e in nodes if run["ts"] <= e["ts"] < run["ts"] + run["dur"]]
+        by_op: collections.Counter[str] = collections.Counter()
+        for e in inside:
+            by_op[e["args"]["op_name"]] += e["dur"] / 1e3
+        top = max(inside, key=lambda e: e["dur"])
+        out[str(n)] = {"ms": run["dur"] / 1e3, "by_op": dict(by_op.most_common()),
+                       "costliest": {"node": top["name"].removesuffix("_kernel_time"),
+                                     "op": top["args"]["op_name"], "ms": top["dur"] / 1e3}}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("engines", nargs="+", type=Path)
     ap.add_argument("--prompt", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tag", default="", help="appended to the results' file name")
+    ap.add_argument("--profile", action="store_true",
+                    help="add ONNX Runtime's profile of a step of 1 and of 9 new tokens")
     args = ap.parse_args(argv)
     results: dict[str, Any] = {}
     for d in args.engines:
@@ -82,6 +133,18 @@ def main(argv: list[str] | None = None) -> int:
              "", f"Command: `{record['command']}`", "",
              *report.by_size("engine", lambda n: f"{n} token{'s' if n > 1 else ''}", SIZES,
                              results, lambda ms, n: f"{ms[n]:.1f} ms ({ms[n] / ms[1]:.2f}x)")]
+    if args.profile:
+        record["profiles"] = {f"{d.parent.name}/{d.name}": profile(d, args.prompt, args.threads)
+                              for d in args.engines}
+        lines += ["", "ONNX Runtime's profile of one step (packed, one session):", "",
+                  "| engine | new tokens | step ms | ms by operator (top 4) | costliest node |",
+                  "|---|---|---|---|---|"]
+        for name, sizes in record["profiles"].items():
+            for n, p in sizes.items():
+                ops = ", ".join(f"{op} {ms:.2f}" for op, ms in list(p["by_op"].items())[:4])
+                top = p["costliest"]
+                lines.append(f"| {name} | {n} | {p['ms']:.2f} | {ops} | {top['node']} "
+                             f"({top['op']}) {top['ms']:.2f} |")
     report.publish(RESULTS, record, lines)
     return 0
 

@@ -102,12 +102,7 @@ class Lookup:
         return []
 
 
-def lookup(context: Sequence[int], k: int = MAX_DRAFT) -> list[int]:
-    """The tokens after the latest earlier occurrence of the context's last n tokens."""
-    return Lookup(context).drafts(k)
-
-
-def propose(context: Lookup, constraint: Constraint | None, room: int,
+def propose(lookup: Lookup, constraint: Constraint | None, room: int,
             k: int = MAX_DRAFT) -> tuple[list[int], bool]:
     """Drafts for the next step (at most ``room``) and whether the grammar forced them;
     a draft the grammar would refuse is never offered."""
@@ -118,7 +113,7 @@ def propose(context: Lookup, constraint: Constraint | None, room: int,
         forced = constraint.forced()[:k]
         if forced:
             return forced, True
-    drafts = context.drafts(k)
+    drafts = lookup.drafts(k)
     if constraint is not None and drafts:
         drafts = drafts[:constraint.valid_prefix(drafts)]
     return drafts, False

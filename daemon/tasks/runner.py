@@ -237,9 +237,10 @@ class TaskRunner:
         return prompt_len + need <= self.engine.manifest.dims.max_seq
 
     def _follow(self, constraint: Constraint, shape: shaping.Shape) -> None:
-        """Hook a shape's restage and name guard onto ``constraint``: both read the answer
-        after each token that carries ``shape.restage_at`` (the text is decoded only then);
-        a stage the answer is already in is not applied again."""
+        """Hook a shape's restage and name guard onto ``constraint``: each token is read by
+        its own text; the answer's whole text is decoded only when one of them asks (the
+        restage after a token carrying ``shape.restage_at``, the guard after a quote or a
+        colon); a stage the answer is already in is not applied again."""
         restage, at = shape.restage, shape.restage_at
         guard = (NameGuard(self._closers(), shape.names) if shape.names is not None
                  else None)

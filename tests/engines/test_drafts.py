@@ -14,7 +14,7 @@ from rung.daemon.tasks.runner import TaskRunner
 from rung.daemon.tasks.task import load_tasks
 from rung.engines import AnyEngine, load_engine
 from rung.engines.batch import BatchDecoder
-from rung.engines.drafts import LOOKUP_NGRAMS, Lookup, lookup, propose
+from rung.engines.drafts import LOOKUP_NGRAMS, Lookup, propose
 from rung.engines.generate import generate
 from rung.engines.kv_store import ColdStore
 from rung.engines.prefix_cache import PrefixCache
@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_lookup_continues_the_latest_earlier_occurrence() -> None:
     ctx = [5, 6, 7, 8, 9, 1, 2, 5, 6, 7, 3, 4, 5, 6, 7]
-    assert lookup(ctx, 3) == [3, 4, 5]        # after the latest earlier 5 6 7
-    assert lookup([1, 2, 3], 4) == []         # nothing earlier
-    assert lookup([9, 1, 2, 9, 1], 2) == [2, 9]   # a 2-gram when no 3-gram repeats
+    assert Lookup(ctx).drafts(3) == [3, 4, 5]        # after the latest earlier 5 6 7
+    assert Lookup([1, 2, 3]).drafts(4) == []         # nothing earlier
+    assert Lookup([9, 1, 2, 9, 1]).drafts(2) == [2, 9]   # a 2-gram when no 3-gram repeats
     assert propose(Lookup([1, 2, 1, 2]), None, room=0) == ([], False)
 
 
