@@ -98,6 +98,9 @@ class MQTTConfig:
     reconnect_max_s: float = 30.0
     shared_group: str | None = None  # a fleet: requests taken through $share/{group}/...
     fleet_update_s: float = 5.0  # a fleet node republishes its status when its queue changed
+    # a fleet node's PLC claim: renewed every lease/4; another node takes over a claim
+    # nobody renews for a lease (docs/mqtt.md, One writer per PLC)
+    fleet_lease_s: float = 90.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,10 @@ class QueueConfig:
 
     max_pending: int = 16
     request_timeout_s: float = 300.0  # deadline of a request without MQTT message expiry
+    # SIGTERM: how long the sequences being generated may finish before the engine is
+    # halted (they stay pending for the restart); systemd/rung.service's TimeoutStopSec
+    # allows this plus STOP_TAIL_S
+    stop_grace_s: float = 40.0
 
 
 @dataclass(frozen=True)
@@ -343,6 +350,22 @@ def _check_mqtt(values: dict[str, Any], key: str) -> None:
         raise keyed.Invalid(f"{key}.client_id", f"{keyed.show(client_id)} {why}: with "
                        f"{key}.shared_group set it names the node's status topic "
                        "{base}/fleet/{client_id}, one topic level")
+    if values.get("shared_group"):
+        _check_lease(values, key)
+
+
+def _check_lease(values: dict[str, Any], key: str) -> None:
+    """A fleet node's Last Will must come before its claim's lease runs out: a live node
+    whose renewals stop is then offline (and keeps its PLC) before any other takes it."""
+    keepalive = values.get("keepalive_s", MQTTConfig.keepalive_s)
+    lease = values.get("fleet_lease_s", MQTTConfig.fleet_lease_s)
+    if keepalive == 0:
+        raise keyed.Invalid(f"{key}.keepalive_s", f"must be > 0 with {key}.shared_group set",
+                            "a fleet node's Last Will ends its PLC claims when it vanishes")
+    if lease < 3 * keepalive:
+        raise keyed.Invalid(f"{key}.fleet_lease_s", f"must be >= 3 x {key}.keepalive_s "
+                            f"({3 * keepalive:g}), got {lease:g}",
+                            f"raise it, or lower {key}.keepalive_s")
 
 
 def _check_modbus(values: dict[str, Any], key: str) -> None:
@@ -481,6 +504,7 @@ _MQTT = {
     "shared_group": _str(lambda s: topic_problem(s, level=True) is None, _SHARE_NAME,
                          nullable=True),
     "fleet_update_s": _num(0, DAY_S, strict=True, what="one day"),
+    "fleet_lease_s": _num(0, DAY_S, strict=True, what="one day"),
 }
 
 _TOP = {
@@ -498,7 +522,8 @@ _TOP = {
     "mqtt": _section(MQTTConfig, _MQTT, check=_check_mqtt),
     "queue": _section(QueueConfig, {"max_pending": _int(1, MAX_PENDING),
                                     "request_timeout_s": _num(0, YEAR_S, strict=True,
-                                                              what="one year")}),
+                                                              what="one year"),
+                                    "stop_grace_s": _num(0, 3600, what="one hour")}),
     "metrics": _section(MetricsConfig, {"port": _int(0, 65535), "host": _str()},
                         check=_check_metrics),
     "kv": _section(KVConfig, {"ram_mb": _num(0, physical_memory_mb(),

@@ -7,6 +7,7 @@ prefixed ``rung_``; the HTTP endpoint listens on loopback only.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import re
 import threading
@@ -97,6 +98,11 @@ class Metrics:
         self.quarantined = Counter("rung_requests_quarantined", "Requests answered internal "
                                    "after they were in flight at too many daemon deaths",
                                    registry=r)
+        self.part_up = Gauge("rung_part_up", "1 while a long-lived part of the daemon runs "
+                             "(or is being restarted), 0 once it is dead", ["part"],
+                             registry=r)
+        self.part_restarts = Counter("rung_part_restarts", "Restarts of a failed part by its "
+                                     "supervisor", ["part"], registry=r)
         self.info = Info("rung", "Version and engine of this daemon", registry=r)
         self._kv: dict[str, Gauge] = {}
         self._labels: dict[str, set[str]] = {"task": set(), "outcome": set()}
@@ -186,6 +192,14 @@ class Metrics:
         ``unavailable`` until it can again)."""
         self.storage_ok.set(1 if ok else 0)
 
+    def set_part(self, name: str, up: bool) -> None:
+        """A supervised part's state (``daemon.supervise``)."""
+        self.part_up.labels(part=name).set(1 if up else 0)
+
+    def part_restarted(self, name: str) -> None:
+        """Counts one restart of a failed part."""
+        self.part_restarts.labels(part=name).inc()
+
     def set_down(self) -> None:
         """The daemon cannot serve any more (it is about to exit for a restart)."""
         self.up.set(0)
@@ -214,6 +228,19 @@ class Metrics:
         server, thread = start_http_server(port, addr=host, registry=self.registry)
         self._server = (server, thread)
         return int(server.server_port)
+
+    async def keep_serving(self, port: int, host: str = "127.0.0.1",
+                           check_s: float = 5.0) -> None:
+        """The endpoint as a supervised part: serve (unless serving), then raise once its
+        thread has ended, so the supervisor restarts it."""
+        if self._server is None:
+            self.serve(port, host)
+        while True:
+            server = self._server
+            if server is None or not server[1].is_alive():
+                self.close()
+                raise RuntimeError("the metrics endpoint's thread has ended")
+            await asyncio.sleep(check_s)
 
     def close(self) -> None:
         """Stops the HTTP endpoint, if started; safe to call twice."""

@@ -13,6 +13,7 @@ validation) is that request's answer (``internal`` at worst), never the loop's e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import logging
@@ -26,12 +27,13 @@ from typing import Any, Protocol
 
 from rung.daemon.request import Request
 from rung.daemon.tasks.runner import Prepared, RetryPolicy, TaskResult, TaskRunner
-from rung.engines.errors import RungError
+from rung.engines.errors import RungError, brief
 from rung.engines.grammar import Constraint
 from rung.engines.sampler import SamplingParams
 from rung.engines.sequence import Generation
 
 log = logging.getLogger("rung.scheduler")
+HALT_WAIT_S = 10.0   # a halted engine thread ends within one step; waited for this long
 
 
 @dataclass
@@ -90,6 +92,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._arrived = threading.Event()   # tells the engine thread a row can be filled
         self._stopping = False
+        self._halt = False   # stop's grace ran out: the engine thread ends at its next step
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rung-engine")
         self._task: asyncio.Task[None] | None = None
 
@@ -138,7 +141,7 @@ class Scheduler:
         sequence finishes or a request waits for a row, validate) -> answer. The event
         loop only moves requests and answers; every CPU-heavy part runs in the thread."""
         loop = asyncio.get_running_loop()
-        while not (self._stopping and not self._inflight):
+        while not (self._stopping and not self._inflight) and not self._halt:
             joining = [] if self._stopping else self._take()
             if not self._inflight and not joining:
                 self._wake.clear()
@@ -186,17 +189,19 @@ class Scheduler:
                 res = _internal(req, e)
             if res is not None:
                 results.append((req, res))
-        if not self.decoder.active:
+        if not self.decoder.active or self._halt:
             return results
         try:
             done = self.decoder.run(self._arrived)
         except Exception as e:  # an engine failure answers the batch, the loop goes on
             log.exception("generation failed")
-            return results + self._fail_inflight(f"{type(e).__name__}: {e}")
+            return results + self._fail_inflight(brief("generation failed",
+                                                       type(e).__name__))
         for tag, gen in done:
             req, prepared = self._inflight.pop(tag)
             res = self.runner.finish(prepared, gen)
-            if not (self.retry is not None and self.retry.allows(prepared, res)
+            if not (self.retry is not None and not self._stopping
+                    and self.retry.allows(prepared, res, req.deadline)
                     and self._again(req, prepared, res)):
                 results.append((req, res))
         return results
@@ -264,26 +269,37 @@ class Scheduler:
         return None
 
     async def stop(self, grace_s: float) -> int:
-        """Stop intake, let the sequences being generated finish (up to ``grace_s``);
-        returns how many queued requests are left for the journal to carry over a
-        restart."""
+        """Stop intake, let the sequences being generated finish (up to ``grace_s``, no new
+        retries), then halt the engine thread at its next step: the halted requests are
+        not answered (an MQTT request stays pending in the journal and runs after the
+        restart, a PLC's trigger stays raised). Returns how many requests are left for a
+        restart (queued and halted)."""
         self._stopping = True
         self._wake.set()
+        halted = 0
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), grace_s)
             except TimeoutError:
-                log.warning("generation still running after %.0f s; its requests stay "
-                            "pending in the journal", grace_s)
+                halted = len(self._inflight)
+                log.warning("generation still running after %g s: halting it; its %d "
+                            "requests stay pending for the restart", grace_s, halted)
+                self._halt = True
+                self._arrived.set()   # the engine thread returns after the step it is in
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(self._task), HALT_WAIT_S)
             except Exception:   # the loop had died (already reported): nothing to finish
                 pass
         self._pool.shutdown(wait=False, cancel_futures=True)
-        return len(self.queue)
+        return len(self.queue) + halted
 
 
 def _internal(req: Request, e: Exception) -> TaskResult:
+    """A failure inside rung, told in brief (the log has its traceback): no library's
+    internals reach a client."""
     return TaskResult(req.task, False, None, None,
-                      {"code": "internal", "message": f"{type(e).__name__}: {e}"[:300]}, None)
+                      {"code": "internal",
+                       "message": brief("the request failed", type(e).__name__)}, None)
 
 
 def _answer(req: Request, res: TaskResult) -> Answer:

@@ -29,6 +29,7 @@ from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.outbox import Outbox
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
+from rung.daemon.supervise import Supervisor, spawn
 from rung.daemon.tasks.runner import RetryPolicy, TaskRunner, fast_decoding
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rung.serve")
 VERSION = "0.1.0"
+# a stop after the grace: answers drained (5 s), offline said (5 s), Sparkplug's NDEATH
+# (5 s); systemd/rung.service's TimeoutStopSec covers queue.stop_grace_s plus this
+STOP_TAIL_S = 15.0
 
 
 def build_runner(cfg: Config) -> TaskRunner:
@@ -70,6 +74,7 @@ class Service:
         self.cfg, self.runner = cfg, runner
         self.metrics = metrics or Metrics()
         self.notifier = notifier or Notifier()
+        self.supervisor = Supervisor(self._part_dead, metrics=self.metrics)
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(cfg.state_dir / "journal.db", cfg.journal.retention_s)
         if self.journal.wal_damage is not None:
@@ -95,13 +100,13 @@ class Service:
         plcs = self._plcs()
         self.sparkplug = self._sparkplug(plcs) if cfg.sparkplug.enabled else None
         self.agents = [self._agent(plc) for plc in plcs]
-        self._agent_tasks: dict[str, asyncio.Task[None]] = {}   # PLCs a fleet node won
+        self._agent_tasks: dict[str, asyncio.Task[Any]] = {}   # PLCs a fleet node won
         self._spawned: set[asyncio.Task[Any]] = set()
         self.fleet = self._fleet() if cfg.mqtt.shared_group else None
         self.started = time.time()
         self._stopping = asyncio.Event()
-        self._link_task: asyncio.Task[None] | None = None
-        self._sparkplug_task: asyncio.Task[None] | None = None
+        self._link_task: asyncio.Task[Any] | None = None
+        self._sparkplug_task: asyncio.Task[Any] | None = None
         self.exit_code = 0
         m = runner.engine.manifest
         self.metrics.set_info(version=VERSION, engine=m.engine_id, kv_dtype=m.kv.dtype)
@@ -140,9 +145,7 @@ class Service:
                              s.client_id or f"{self.cfg.mqtt.client_id}-spb")
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._spawned.add(task)
-        task.add_done_callback(self._spawned.discard)
+        spawn(coro, getattr(coro, "__qualname__", "task"), self._spawned)
 
     def _on_connect(self) -> None:
         """After every (re)connection: answers left over, held PLC events, link states."""
@@ -192,8 +195,7 @@ class Service:
         for agent in self.agents:
             plc = agent.plc.id
             if plc in drive and plc not in self._agent_tasks:
-                self._agent_tasks[plc] = asyncio.get_running_loop().create_task(
-                    agent.run(), name=f"plc-{plc}")
+                self._agent_tasks[plc] = self.supervisor.start(f"plc-{plc}", agent.run)
             elif plc in refused:
                 agent.link_state.silence()
                 if plc in self._agent_tasks:
@@ -229,7 +231,9 @@ class Service:
                 "request_topic": f"{self.cfg.mqtt.base_topic}/req/{{task}}"}
 
     def liveness(self) -> str | None:
-        return self.scheduler.liveness()
+        """None while healthy: the engine loop steps and every part runs (the watchdog's
+        check)."""
+        return self.supervisor.liveness() or self.scheduler.liveness()
 
     def status_line(self) -> str:
         return (f"serving {len(self.runner.tasks)} tasks; queue {self.scheduler.depth}/"
@@ -246,7 +250,7 @@ class Service:
         log.info("task prompts pinned in the KV cache", extra={"rung_fields": pinned})
         self.journal.prune()
         self.intake.recover()
-        tasks = self._start()
+        self._start()
         self.notifier.status("connecting to the broker")
         while not self.link.connected and not self._stopping.is_set():
             await asyncio.sleep(0.05)
@@ -255,36 +259,37 @@ class Service:
             log.info("ready", extra={"rung_fields": {"status": self.status_line()}})
         interval = watchdog_interval()
         if interval:
-            tasks.append(loop.create_task(watchdog_loop(self.notifier, interval,
-                                                        self.liveness)))
-        status = loop.create_task(self._status_loop())
+            self.supervisor.start("watchdog", lambda: watchdog_loop(self.notifier, interval,
+                                                                    self.liveness))
+        self.supervisor.start("status", self._status_loop)
         await self._stopping.wait()
-        status.cancel()   # the stopping status must stay visible
-        await self.shutdown()
-        await self._end(tasks)
+        await self.supervisor.stop(["status"])   # the stopping status must stay visible
+        await self.shutdown(self.cfg.queue.stop_grace_s)
+        await self._end()
         return self.exit_code
 
-    def _start(self) -> list[asyncio.Task[Any]]:
-        """Start the parts: the MQTT link, the engine loop, the outbox, the PLC agents (a
-        fleet node: those it claims, ``_claims``), Sparkplug, the metrics endpoint."""
-        loop = asyncio.get_running_loop()
-        self._link_task = loop.create_task(self.link.run(), name="mqtt")
-        engine_loop = self.scheduler.start()
-        engine_loop.add_done_callback(self._scheduler_ended)
-        tasks = [engine_loop, loop.create_task(self.outbox.run(), name="outbox"),
-                 self._link_task]
+    def _start(self) -> None:
+        """Start the parts, each under the supervisor: the MQTT link, the engine loop, the
+        outbox, the PLC agents (a fleet node: those it claims, ``_claims``), Sparkplug, the
+        metrics endpoint."""
+        sup = self.supervisor
+        self._link_task = sup.start("mqtt", self.link.run)
+        sup.watch("scheduler", self.scheduler.start())
+        sup.start("outbox", self.outbox.run)
         if self.fleet is None:
-            tasks += [loop.create_task(a.run(), name=f"plc-{a.plc.id}") for a in self.agents]
+            for a in self.agents:
+                sup.start(f"plc-{a.plc.id}", a.run)
         else:
-            tasks.append(loop.create_task(self.fleet.run(), name="fleet"))
+            sup.start("fleet", self.fleet.run)
         if self.sparkplug is not None:
-            self._sparkplug_task = loop.create_task(self.sparkplug.run(), name="sparkplug")
+            self._sparkplug_task = sup.start("sparkplug", self.sparkplug.run)
         if self.cfg.metrics.port:
             self.metrics.serve(self.cfg.metrics.port, self.cfg.metrics.host)
+            sup.start("metrics", lambda: self.metrics.keep_serving(self.cfg.metrics.port,
+                                                                   self.cfg.metrics.host))
         self.outbox.wake()
-        return tasks
 
-    async def _end(self, tasks: list[asyncio.Task[Any]]) -> None:
+    async def _end(self) -> None:
         """After ``shutdown``: Sparkplug's NDEATH, then every part's task ended."""
         spb = self._sparkplug_task
         if spb is not None:
@@ -292,24 +297,19 @@ class Service:
                 await asyncio.wait_for(asyncio.shield(spb), 5)
             except TimeoutError:
                 log.warning("Sparkplug link did not close in 5 s")
-            tasks.append(spb)
         if self.fleet is not None:
             self.fleet.close()
-            tasks += self._agent_tasks.values()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.supervisor.stop()
 
-    def _scheduler_ended(self, task: asyncio.Task[None]) -> None:
-        """The engine loop ended without being asked to: never silent. ``rung_up`` drops,
-        the watchdog stops (liveness fails) and the daemon exits 70 for systemd to restart
-        it; the requests it held stay pending in the journal (a poison one is quarantined
-        after ``journal.max_attempts``)."""
+    def _part_dead(self, name: str, why: str) -> None:
+        """A part stopped for good (the engine loop ended, or a part kept failing): never
+        silent. ``rung_up`` drops, the watchdog stops (liveness fails) and the daemon exits
+        70 for systemd to restart it; the requests it held stay pending in the journal (a
+        poison one is quarantined after ``journal.max_attempts``)."""
         if self._stopping.is_set():
             return
-        err = None if task.cancelled() else task.exception()
-        log.critical("the scheduler loop has stopped: exiting for a restart",
-                     exc_info=(type(err), err, err.__traceback__) if err else None)
+        log.critical("%s has stopped: exiting for a restart", name,
+                     extra={"rung_fields": {"part": name, "why": why}})
         self.metrics.set_down()
         self.exit_code = 70
         self._stopping.set()
@@ -335,7 +335,8 @@ class Service:
     async def shutdown(self, grace_s: float = 40.0) -> None:
         """Stop intake, finish the batch in progress, publish answers, say offline."""
         self.notifier.stopping("stopping: finishing the request in progress")
-        log.info("stopping")
+        log.info("stopping", extra={"rung_fields": {"grace_s": grace_s}})
+        self.supervisor.stopping = True   # parts end now: a failure is not restarted
         for agent in self.agents:   # a trigger in progress stays raised in the PLC
             await agent.stop()
         stopped = self._stop_scheduler_first(grace_s)

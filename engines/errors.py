@@ -21,6 +21,13 @@ class RungError(Exception):
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
 
+def brief(what: str, kind: str) -> str:
+    """What a client is told of a failure inside rung (an unexpected exception of type
+    ``kind``): the traceback goes to the log where it is contained, no library's internals
+    into an answer."""
+    return f"{what} inside rung ({kind}); the daemon's log has the details"
+
+
 class CheckpointError(RungError):
     """A Hugging Face checkpoint directory cannot be imported."""
 

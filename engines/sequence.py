@@ -7,6 +7,7 @@ of prompts).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,8 @@ import numpy as np
 from rung.engines.grammar import Constraint
 from rung.engines.sampler import Sampler, SamplingParams, StopChecker
 from rung.engines.tokenizer import StreamDecoder, Tokenizer
+
+log = logging.getLogger("rung.engine")
 
 
 @dataclass
@@ -76,6 +79,8 @@ def advance(row: Row, logits: np.ndarray, tag: Any,
     try:
         safe = _step(row, logits)
     except Exception as e:  # one row's failure must not fail the rows beside it
+        log.exception("row %s failed at token %d; the rows beside it go on", tag,
+                      len(row.token_ids))
         row.finish, row.error = "error", f"{type(e).__name__}: {e}"
         return
     if on_text is not None and safe > row.emitted:

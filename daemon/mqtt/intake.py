@@ -31,7 +31,7 @@ from rung.daemon.mqtt.outbox import Outbox
 from rung.daemon.mqtt.requests import Address, MqttRequest
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer, Scheduler
-from rung.engines.errors import RungError
+from rung.engines.errors import RungError, brief
 
 log = logging.getLogger("rung.serve")   # the ``answered`` lines keep their logger (docs/mqtt.md)
 USAGE_CORE = ("prompt_tokens", "completion_tokens", "cached_tokens", "ttft_ms")
@@ -131,7 +131,8 @@ class MqttIntake:
             log.exception("%srequest %d could not be routed", "recovered " if recovered
                           else "", entry.seq)
             self.outbox.answer_error(entry.seq, self._reply(entry), None, "internal",
-                                     f"{type(e).__name__}: {e}", entry.received)
+                                     brief("routing the request failed", type(e).__name__),
+                                     entry.received)
 
     def _route(self, entry: Entry, recovered: bool) -> None:
         mq = self.cfg.mqtt

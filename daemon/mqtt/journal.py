@@ -32,6 +32,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rung.daemon.mqtt import wal
 from rung.engines.errors import RungError
@@ -272,12 +273,21 @@ class Journal:
                     "key = CASE WHEN key LIKE 'anon:%' THEN NULL ELSE key END "
                     "WHERE seq = ?", (time.time(), seq), checkpoint=False)
 
+    def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[Any]:
+        """Run one query; a failing read (a damaged or vanished file, an I/O error) is a
+        ``JournalError`` like a failing write, never a bare ``sqlite3`` error."""
+        try:
+            return self.db.execute(sql, args).fetchall()
+        except sqlite3.Error as e:
+            raise JournalError(f"{self.path}: journal read failed ({e})",
+                               "check state_dir (its disk and the journal file)") from e
+
     def _entries(self, state: str) -> list[Entry]:
-        rows = self.db.execute(
+        rows = self._read(
             "SELECT seq, topic, payload, response_topic, correlation, received, expires, "
             "state, reply_topic, response, attempts FROM entries WHERE state = ? "
             "ORDER BY seq",
-            (state,)).fetchall()
+            (state,))
         return [Entry(*r) for r in rows]
 
     def pending(self) -> list[Entry]:
@@ -290,12 +300,12 @@ class Journal:
 
     def dead_letters(self) -> list[tuple[int, str, str | None]]:
         """(seq, reply topic, why) of answers given up on, oldest first."""
-        rows = self.db.execute("SELECT seq, reply_topic, note FROM entries WHERE "
-                               "state = 'dead' ORDER BY seq").fetchall()
+        rows = self._read("SELECT seq, reply_topic, note FROM entries WHERE "
+                          "state = 'dead' ORDER BY seq")
         return [(int(r[0]), str(r[1]), r[2]) for r in rows]
 
     def counts(self) -> dict[str, int]:
-        rows = self.db.execute("SELECT state, COUNT(*) FROM entries GROUP BY state")
+        rows = self._read("SELECT state, COUNT(*) FROM entries GROUP BY state")
         return {state: n for state, n in rows}
 
     def prune(self, now: float | None = None) -> int:

@@ -23,10 +23,13 @@ from rung.daemon.mqtt.journal import Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.requests import Address
 from rung.daemon.mqtt.topics import topic_problem
+from rung.daemon.supervise import spawn
 
 log = logging.getLogger("rung.serve")
 PUBLISH_ATTEMPTS = 3   # publishes of one answer that end the connection before it is dropped
 HELD_EVENTS = 1000     # PLC events kept across a broker outage (the oldest go first)
+JOURNAL_RETRY_S = 0.5      # first retry of a journal that cannot be read, doubled per try
+JOURNAL_RETRY_MAX_S = 30.0
 
 
 class Outbox:
@@ -40,7 +43,7 @@ class Outbox:
         # answers done with whose journal row could not be updated yet (a failing disk):
         # seq -> None (published: delivered) or why it was dead-lettered; never resent
         self._unmarked: dict[int, str | None] = {}
-        self._direct: set[asyncio.Task[bool]] = set()
+        self._direct: set[asyncio.Task[Any]] = set()
         self._held: list[tuple[str, bytes, bool]] = []
 
     # -- answers -------------------------------------------------------------------------
@@ -70,42 +73,62 @@ class Outbox:
 
     def direct(self, reply: Address, payload: bytes) -> None:
         """Publish an answer that is not (cannot be) in the journal."""
-        task = asyncio.get_running_loop().create_task(
-            self.link.publish(reply.topic, payload, correlation=reply.correlation))
-        self._direct.add(task)
-        task.add_done_callback(self._direct.discard)
+        spawn(self.link.publish(reply.topic, payload, correlation=reply.correlation),
+              "outbox-direct", self._direct)
 
     def wake(self) -> None:
         self.idle.clear()
         self._wake.set()
 
     async def run(self) -> None:
-        """Publish recorded answers in order; after a reconnect, what is left over."""
+        """Publish recorded answers in order; after a reconnect, what is left over. A
+        journal that cannot be read (a failing disk) is tried again with backoff (logged
+        once, ``rung_storage_ok`` 0 meanwhile) and every answer recorded meanwhile goes out
+        once it can be read; anything else ends this part for its supervisor."""
+        failing = 0
+        self.wake()   # (re)started: what is recorded and not delivered yet goes first
         while True:
             await self._wake.wait()
             self._wake.clear()
-            self._mark()
-            for e in self.journal.undelivered():
-                if e.reply_topic is None or e.response is None or e.seq in self._unmarked:
-                    continue
-                why = topic_problem(e.reply_topic)
-                if why is not None:    # recorded by an older version: the broker refuses it
-                    self._dead_letter(e.seq, e.reply_topic, f"reply topic {why}")
-                    continue
-                was_connected = self.link.connected
-                if await self.link.publish(e.reply_topic, e.response,
-                                           correlation=e.correlation):
-                    self._refused.pop(e.seq, None)
-                    self._unmarked[e.seq] = None
-                    self._mark()
-                    continue
-                if was_connected and self._refuse(e.seq, e.reply_topic):
-                    continue   # dead-lettered: the rest flow
-                break   # disconnected: the next connection wakes us
-            else:
-                if not self._wake.is_set() and not self._unmarked:
-                    self.idle.set()
-            self.metrics.set_journal_pending(len(self.journal.pending()))
+            try:
+                await self._publish_recorded()
+            except JournalError as e:
+                failing += 1
+                delay = min(JOURNAL_RETRY_S * 2 ** (failing - 1), JOURNAL_RETRY_MAX_S)
+                if failing == 1:
+                    log.error("outbox: %s; trying again with backoff up to %g s", e,
+                              JOURNAL_RETRY_MAX_S)
+                self.metrics.set_storage(False)
+                asyncio.get_running_loop().call_later(delay, self.wake)
+                continue
+            if failing:
+                log.warning("outbox: the journal can be read again after %d failed tries",
+                            failing)
+                failing = 0
+
+    async def _publish_recorded(self) -> None:
+        self._mark()
+        for e in self.journal.undelivered():
+            if e.reply_topic is None or e.response is None or e.seq in self._unmarked:
+                continue
+            why = topic_problem(e.reply_topic)
+            if why is not None:    # recorded by an older version: the broker refuses it
+                self._dead_letter(e.seq, e.reply_topic, f"reply topic {why}")
+                continue
+            was_connected = self.link.connected
+            if await self.link.publish(e.reply_topic, e.response,
+                                       correlation=e.correlation):
+                self._refused.pop(e.seq, None)
+                self._unmarked[e.seq] = None
+                self._mark()
+                continue
+            if was_connected and self._refuse(e.seq, e.reply_topic):
+                continue   # dead-lettered: the rest flow
+            break   # disconnected: the next connection wakes us
+        else:
+            if not self._wake.is_set() and not self._unmarked:
+                self.idle.set()
+        self.metrics.set_journal_pending(len(self.journal.pending()))
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until every recorded answer is delivered (at shutdown); False on timeout."""

@@ -7,6 +7,7 @@ the contract's error codes (``bad_request``, ``unknown_task``, ``too_long``, ``t
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -20,13 +21,15 @@ from rung.daemon.tasks.task import Task, TaskError
 from rung.daemon.tasks.validate import validate_output
 from rung.engines import AnyEngine
 from rung.engines.drafts import inexact
-from rung.engines.errors import GenerationError, RungError, TokenizerError
+from rung.engines.errors import GenerationError, RungError, TokenizerError, brief
 from rung.engines.generate import generate
 from rung.engines.grammar import Constraint, GrammarCompiler, GrammarError, Lark
 from rung.engines.prefix_cache import PrefixCache
 from rung.engines.sampler import SamplingParams
 from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
+
+log = logging.getLogger("rung.tasks")
 
 
 @dataclass
@@ -98,11 +101,16 @@ class RetryPolicy:
             raise ValueError(f"retry mode {self.mode!r}, form {self.form!r}: expected a "
                              f"mode of {RETRY_MODES} and a form of {FEEDBACK_FORMS}")
 
-    def allows(self, prepared: Prepared, result: TaskResult) -> bool:
+    def allows(self, prepared: Prepared, result: TaskResult,
+               deadline: float | None = None) -> bool:
         """Whether ``result`` gets another try: it failed its checks, or it ran out of the
         task's own token budget before its JSON closed (a loop another draw may not
         repeat; a request that asked for fewer tokens would run out again), and tries and
-        time are left."""
+        time are left: within ``budget_s`` of the first try and before the request's
+        ``deadline`` (wall clock, ``time.time()``; a retry after it would answer a request
+        whose asker stopped waiting)."""
+        if deadline is not None and time.time() >= deadline:
+            return False
         code = (result.error or {}).get("code")
         retriable = code == "invalid_output" or (
             code == "truncated" and prepared.params.max_tokens >= prepared.task.max_tokens)
@@ -282,9 +290,10 @@ class TaskRunner:
         try:
             res = self._finish(prepared.task, prepared.data, gen, prepared.constraint,
                                prepared.prefix)
-        except Exception as e:
+        except Exception as e:   # a validator bug: logged here, the client told in brief
+            log.exception("checking a %s answer failed inside rung", prepared.task.name)
             res = _fail(prepared.task.name, "internal",
-                        f"validation failed: {type(e).__name__}: {e}", gen)
+                        brief("checking the answer failed", type(e).__name__), gen)
         res.attempts = prepared.attempt
         res.failed_checks = prepared.failed_checks
         if not res.ok:
@@ -378,7 +387,8 @@ class TaskRunner:
     def _finish(self, task: Task, data: Any, gen: Generation, constraint: Constraint,
                 prefix: str = "") -> TaskResult:
         if gen.finish_reason == "error":   # this row's step failed; its neighbours went on
-            return _fail(task.name, "internal", f"generation failed: {gen.error}", gen)
+            kind = (gen.error or "").partition(":")[0] or "error"
+            return _fail(task.name, "internal", brief("generation failed", kind), gen)
         if gen.finish_reason == "length" and not constraint.accepting:
             return _fail(task.name, "truncated", f"max_tokens reached after "
                          f"{len(gen.token_ids)} tokens before the JSON closed", gen)

@@ -209,35 +209,31 @@ FT_INVALID = {"top_event": "Hydraulic unit loses system pressure",
                          {"name": "pump_current", "value": 14.2, "unit": "A"}]}
 
 
-def test_a_refusal_round_trip_takes_single_digit_milliseconds(
-        served: tuple[Broker, Daemon]) -> None:
+def test_rungs_broker_connection_sends_without_delay(broker: Broker) -> None:
     """rung sets TCP_NODELAY on its broker connection: an answer does not wait ~40 ms in
-    the send buffer (Nagle's algorithm against the broker's delayed ACK)."""
-    import statistics
-    import threading
+    the send buffer (Nagle's algorithm against the broker's delayed ACK). The round trip
+    itself is timed by bench/, not here: a busy CI machine would fail a timed test."""
+    import asyncio
 
-    broker, _ = served
-    req = Requester(broker.port, no_delay=True)
-    got = threading.Event()
-    base_on_message = req.client.on_message
+    from rung.daemon.config import MQTTConfig
+    from rung.daemon.mqtt.link import MQTTLink, _paho
 
-    def on_message(*args: Any) -> None:
-        base_on_message(*args)
-        got.set()
+    async def main() -> int:
+        connected = asyncio.Event()
+        link = MQTTLink(MQTTConfig(port=broker.port, base_topic=BASE,
+                                   client_id="rung-nodelay", reconnect_min_s=0.1),
+                        lambda msg: True, lambda: {"online": True}, connected.set)
+        run = asyncio.ensure_future(link.run())
+        await asyncio.wait_for(connected.wait(), 10)
+        assert link._client is not None
+        sock = _paho(link._client).socket()
+        assert isinstance(sock, socket.socket)
+        flag = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        link.stop()
+        await asyncio.wait_for(run, 10)
+        return flag
 
-    req.client.on_message = on_message
-    try:
-        rtts = []
-        for i in range(20):
-            got.clear()
-            t0 = time.perf_counter()
-            req.send("st_code", b"{not json", correlation=f"rtt-{i}",
-                     response_topic=req.reply_topic)
-            assert got.wait(10)
-            rtts.append((time.perf_counter() - t0) * 1000)
-    finally:
-        req.close()
-    assert statistics.median(rtts) < 10, rtts
+    assert asyncio.run(main()) != 0
 
 
 PROBE_TASK = """
