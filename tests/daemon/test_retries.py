@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,10 +52,12 @@ def runner(edge_engine: Path) -> TaskRunner:
                       {"probe": PROBE}, edge_engine, shaped=False)
 
 
-def _answer(runner: TaskRunner, policy: RetryPolicy) -> Answer:
+def _answer(runner: TaskRunner, policy: RetryPolicy,
+            on_start: Callable[[Request], object] | None = None) -> Answer:
     async def body() -> Answer:
         answers: list[Answer] = []
-        sched = Scheduler(runner, answers.append, max_pending=4, max_batch=2, retry=policy)
+        sched = Scheduler(runner, answers.append, max_pending=4, max_batch=2, retry=policy,
+                          on_start=on_start)
         task = sched.start()
         now = time.time()
         sched.submit(Request(task="probe", input=INPUT, received=now, deadline=now + 120,
@@ -81,3 +84,15 @@ def test_every_try_is_reported_in_either_mode(runner: TaskRunner, mode: str) -> 
         assert answer.usage["prompt_tokens"] > len(first.ids) + 10, answer.usage
     else:
         assert answer.usage["prompt_tokens"] == len(first.ids), answer.usage
+
+
+def test_no_retry_starts_after_the_requests_deadline(runner: TaskRunner) -> None:
+    """The retry budget is the smaller of ``retries.budget_s`` and what the request's
+    deadline leaves: a request whose deadline passes during its first try (an MQTT
+    Message Expiry) is answered after that try, not after every try."""
+    def deadline_now(req: Request) -> None:   # started in time; the deadline passes now
+        object.__setattr__(req, "deadline", time.time())
+
+    answer = _answer(runner, RetryPolicy(attempts=5, budget_s=600), on_start=deadline_now)
+    assert not answer.ok and answer.code == "invalid_output"
+    assert answer.attempts == 1 and answer.failed_checks == ("identifiers",)

@@ -363,3 +363,41 @@ def test_the_unit_allows_the_shutdown_grace() -> None:
     unit = (Path(__file__).resolve().parents[2] / "systemd" / "rung.service").read_text()
     (line,) = [ln for ln in unit.splitlines() if ln.startswith("TimeoutStopSec=")]
     assert float(line.partition("=")[2]) >= QueueConfig().stop_grace_s + STOP_TAIL_S
+
+
+@pytest.mark.integration
+def test_a_stop_past_its_grace_halts_the_engine_thread(
+        tmp_path: Path, broker: Broker, edge_engine: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The finding: a stop with 0.5 s grace returned after 0.5 s but the process lived on
+    until a 4 s generation ended. With no grace left the engine thread ends at its next
+    step and the request stays pending in the journal for the restart."""
+    from rung.daemon.mqtt.journal import Journal
+
+    service = _service(tmp_path, broker.port, edge_engine, queue={"stop_grace_s": 0})
+    long = {"input": SHORT["input"], "id": "long"}   # the task's whole token budget
+
+    async def main() -> tuple[int, bool]:
+        run = await _connected(service)
+        req = Requester(broker.port)
+        try:
+            await asyncio.to_thread(req.send, "st_code", long)
+            while service.scheduler.inflight == 0:
+                await asyncio.sleep(0.005)
+            service._stopping.set()
+            code = await asyncio.wait_for(run, 60)
+        finally:
+            req.client.disconnect()
+        engine_loop = service.supervisor.parts["scheduler"].task
+        return code, engine_loop is not None and engine_loop.done()
+
+    caplog.set_level(logging.INFO)
+    code, ended = asyncio.run(main())
+    assert code == 0 and ended
+    assert any("halting it; its 1 requests stay pending" in r.getMessage()
+               for r in caplog.records)
+    stopped = [r for r in caplog.records if r.getMessage() == "stopped"]
+    assert stopped and stopped[0].rung_fields["queued_for_restart"] == 1  # type: ignore[attr-defined]
+    j = Journal(tmp_path / "state" / "journal.db")
+    assert [json.loads(e.payload)["id"] for e in j.pending()] == ["long"]
+    j.close()
