@@ -46,6 +46,15 @@ def plc_map(transport: dict[str, Any], plc_id: str = "press1") -> PlcMap:
                      Path(f"{plc_id}.yaml"))
 
 
+# "fails fast" is shown against a control, not a clock: with the link's timeout this long,
+# a failure that comes in under half of it did not wait for the timeout (on any machine)
+FAR_S = 20.0
+
+
+def _fast(started: float) -> bool:
+    return time.monotonic() - started < FAR_S / 2
+
+
 def tcp_map(sim: SimPlc, timeout_s: float = 0.5) -> PlcMap:
     return plc_map({"kind": "tcp", "host": sim.host, "port": sim.port, "timeout_s": timeout_s})
 
@@ -209,7 +218,8 @@ def test_server_stop_fails_fast_and_restart_reconnects() -> None:
         states: list[tuple[str, str | None]] = []
         sim = SimPlc()
         await sim.start()
-        link = Link(tcp_map(sim, timeout_s=0.5), on_state=lambda s, d: states.append((s, d)))
+        link = Link(tcp_map(sim, timeout_s=FAR_S),
+                    on_state=lambda s, d: states.append((s, d)))
         try:
             sim.holding[200] = 42
             assert await link.read("holding", 200, 1) == [42]
@@ -217,13 +227,13 @@ def test_server_stop_fails_fast_and_restart_reconnects() -> None:
             started = time.monotonic()
             with pytest.raises(ModbusTransientError) as info:
                 await link.read("holding", 200, 1)
-            assert time.monotonic() - started < 3
+            assert _fast(started)
             assert info.value.code is None and "plc press1: read holding 200+1" in str(info.value)
             assert link.state == "disconnected"
             assert [s for s, _ in states] == ["connected", "disconnected"]
             with pytest.raises(ModbusTransientError):   # still down: fails again, as fast
                 await link.connect()
-            assert time.monotonic() - started < 3
+            assert _fast(started)
 
             await sim.start()   # same port
             assert await link.read("holding", 200, 1) == [42]
@@ -294,11 +304,11 @@ def test_nothing_listening_is_transient() -> None:
     async def scenario() -> None:
         sim = SimPlc()   # never started: its port refuses connections
         states: list[str] = []
-        link = Link(tcp_map(sim), on_state=lambda s, d: states.append(s))
+        link = Link(tcp_map(sim, timeout_s=FAR_S), on_state=lambda s, d: states.append(s))
         started = time.monotonic()
         with pytest.raises(ModbusTransientError, match="plc press1: read holding 0\\+1: cannot"):
             await link.read("holding", 0, 1)
-        assert time.monotonic() - started < 1.5
+        assert _fast(started)
         assert link.state == "disconnected" and link.last_error is not None
         assert states == []   # it never left "disconnected"
         await link.close()
@@ -359,10 +369,9 @@ def test_bad_frames_are_never_taken_for_an_answer(frame: str) -> None:
             try:
                 # a reply that would raise req with req_seq 77 if rung took it
                 proxy.inject(frame, 3, range(100, 116), times=1, values=[1, 77] + [0] * 14)
-                started = time.monotonic()
                 with pytest.raises(ModbusTransientError) as info:
                     await link.read("holding", 100, 16)
-                assert info.value.connection and time.monotonic() - started < 1.5
+                assert info.value.connection   # dropped, never taken (some by the timeout)
                 assert await link.read("holding", 100, 16) == [0] * 16   # a fresh connection
                 assert link.state == "connected"
             finally:
@@ -376,7 +385,7 @@ def test_a_plc_closing_after_each_response_gets_a_connection_per_request() -> No
         states: list[str] = []
         async with SimPlc() as sim:
             sim.holding[100:116] = list(range(16))
-            proxy, plc = await _proxied(sim)
+            proxy, plc = await _proxied(sim, timeout_s=FAR_S)
             link = Link(plc, on_state=lambda s, d: states.append(s))
             try:
                 proxy.inject("close")
@@ -384,7 +393,7 @@ def test_a_plc_closing_after_each_response_gets_a_connection_per_request() -> No
                 for i in range(10):   # back to back: each races the PLC's close
                     assert await link.read("holding", 100, 4) == [0, 1, 2, 3]
                     await link.write_registers(104, [i])
-                assert time.monotonic() - started < 2   # no request waits for its timeout
+                assert _fast(started)   # no request waits for its timeout
                 assert link.per_transaction and states == ["connected"]
                 assert sim.holding[104] == 9
                 seen = proxy.requests()
@@ -398,7 +407,7 @@ def test_a_plc_closing_after_each_response_gets_a_connection_per_request() -> No
 def test_a_connection_lost_under_a_request_fails_it_at_once() -> None:
     async def scenario() -> None:
         async with SimPlc() as sim:
-            proxy, plc = await _proxied(sim, timeout_s=5)
+            proxy, plc = await _proxied(sim, timeout_s=FAR_S)
             link = Link(plc)
             try:
                 await link.read("holding", 100, 1)
@@ -409,7 +418,7 @@ def test_a_connection_lost_under_a_request_fails_it_at_once() -> None:
                 await proxy.pause()
                 with pytest.raises(ModbusTransientError) as info:
                     await read
-                assert info.value.connection and time.monotonic() - started < 1
+                assert info.value.connection and _fast(started)
                 assert link.state == "disconnected"
             finally:
                 await link.close()
