@@ -361,6 +361,7 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
     try:
         onnx.save_model(proto, str(out_dir / GRAPH_FILE), save_as_external_data=True,
                         all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
+        (out_dir / DATA_FILE).touch()  # none written where no tensor reaches the threshold
     except (OSError, ValueError) as e:
         raise ExportError(f"{out_dir}: cannot write the graph ({e})",
                           "check disk space and permissions") from e
