@@ -10,6 +10,7 @@ the link (its own MQTT client: Sparkplug wants a clean session and its own Will,
     subscribe node.subscriptions()      # NCMD (and the primary host's STATE), QoS 1
     publish node.connected()            # NBIRTH + one DBIRTH per PLC, in order
     on a message: r = node.handle(topic, payload); publish r.messages; reconnect if asked
+                  (or node.apply(node.decode(topic, payload)), decode off the event loop)
     on a diagnosis: publish node.diagnosis(plc, event)    # DDATA
     on a PLC link change: publish node.device_offline(plc) / node.device_online(plc)
     clean stop: publish node.death(), then DISCONNECT;  link lost: node.disconnected()
@@ -34,7 +35,7 @@ from rung.daemon.plant.sparkplug_metrics import Device, device_metrics, node_met
 from rung.daemon.plant.sparkplug_pb import DataType, Payload
 from rung.engines.errors import RungError
 
-__all__ = ["NAMESPACE", "REBIRTH", "Device", "EdgeNode", "Message", "Reaction",
+__all__ = ["NAMESPACE", "REBIRTH", "Command", "Device", "EdgeNode", "Message", "Reaction",
            "SparkplugError"]
 
 log = logging.getLogger("rung.sparkplug")
@@ -65,6 +66,17 @@ class Reaction:
 
     messages: list[Message] = field(default_factory=list)
     reconnect: bool = False
+
+
+@dataclass(frozen=True)
+class Command:
+    """An incoming message, decoded (:meth:`EdgeNode.decode`): an NCMD asking for a
+    rebirth or not, the primary host's STATE ``(online, timestamp)`` (None: not one), or
+    neither (``kind`` empty: a topic the node does not act on)."""
+
+    kind: str = ""                           # "NCMD", "STATE" or ""
+    rebirth: bool = False
+    state: tuple[bool, int] | None = None
 
 
 def _check_id(kind: str, value: str) -> str:
@@ -155,11 +167,24 @@ class EdgeNode:
     def handle(self, topic: str, payload: bytes) -> Reaction:
         """An incoming message on a subscribed topic: NCMD ``Node Control/Rebirth`` = true
         republishes the births; the primary host's STATE starts or ends the session."""
+        return self.apply(self.decode(topic, payload))
+
+    def decode(self, topic: str, payload: bytes) -> Command:
+        """Parse an incoming message; reads no state that changes, so it may run in a
+        worker thread (``sparkplug_link`` decodes there: a payload may be large)."""
         if topic == self.topic("NCMD"):
-            return Reaction(self._births() if self.born and self._rebirth(payload) else [])
+            return Command("NCMD", rebirth=_rebirth(payload))
         if self.primary_host_id is not None and topic == f"{NAMESPACE}/STATE/" \
                 f"{self.primary_host_id}":
-            return self._state(payload)
+            return Command("STATE", state=_state(payload))
+        return Command()
+
+    def apply(self, command: Command) -> Reaction:
+        """What a decoded message does (on the event loop: it changes the session)."""
+        if command.kind == "NCMD":
+            return Reaction(self._births() if self.born and command.rebirth else [])
+        if command.kind == "STATE" and command.state is not None:
+            return self._host_state(*command.state)
         return Reaction()
 
     # --- data ---------------------------------------------------------------------------
@@ -235,23 +260,8 @@ class EdgeNode:
                 out.append(self._publish("DDEATH", device, []))
         return out
 
-    def _rebirth(self, payload: bytes) -> bool:
-        try:
-            p = Payload.FromString(payload)
-        except Exception as e:  # noqa: BLE001 -- protobuf's DecodeError, any garbage
-            log.warning("sparkplug: NCMD payload is not a Sparkplug B payload: %s", e)
-            return False
-        return any(m.name == REBIRTH and m.WhichOneof("value") == "boolean_value"
-                   and m.boolean_value for m in p.metrics)
-
-    def _state(self, payload: bytes) -> Reaction:
-        try:
-            state = json.loads(payload)
-            online, stamp = state["online"], int(state.get("timestamp", 0))
-        except (ValueError, TypeError, KeyError) as e:
-            log.warning("sparkplug: primary host STATE is not {online, timestamp}: %s", e)
-            return Reaction()
-        if not isinstance(online, bool) or stamp < self._host_stamp:
+    def _host_state(self, online: bool, stamp: int) -> Reaction:
+        if stamp < self._host_stamp:
             return Reaction()  # an older STATE than the one acted on
         self._host_stamp, self._host_online = stamp, online
         if online:
@@ -283,6 +293,28 @@ class EdgeNode:
             os.replace(tmp, self.bd_seq_path)
         except OSError as e:
             log.warning("sparkplug: cannot keep bdSeq in %s: %s", self.bd_seq_path, e)
+
+
+def _rebirth(payload: bytes) -> bool:
+    """True when an NCMD payload sets ``Node Control/Rebirth`` to true."""
+    try:
+        p = Payload.FromString(payload)
+    except Exception as e:  # noqa: BLE001 -- protobuf's DecodeError, any garbage
+        log.warning("sparkplug: NCMD payload is not a Sparkplug B payload: %s", e)
+        return False
+    return any(m.name == REBIRTH and m.WhichOneof("value") == "boolean_value"
+               and m.boolean_value for m in p.metrics)
+
+
+def _state(payload: bytes) -> tuple[bool, int] | None:
+    """A primary host's STATE ``{"online": bool, "timestamp": int}``, or None."""
+    try:
+        state = json.loads(payload)
+        online, stamp = state["online"], int(state.get("timestamp", 0))
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as e:
+        log.warning("sparkplug: primary host STATE is not {online, timestamp}: %s", e)
+        return None
+    return (online, stamp) if isinstance(online, bool) else None
 
 
 _VALUE_FIELD = {DataType.INT8: "int_value", DataType.INT16: "int_value",

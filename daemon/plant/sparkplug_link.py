@@ -10,6 +10,16 @@ another client id.
 the primary host's STATE, and publishes what :meth:`diagnosis` and :meth:`plc_link` produce,
 in order, from one writer; it reconnects with backoff until :meth:`stop`, which publishes
 the NDEATH before a clean DISCONNECT.
+
+**Inbound size.** Anyone who may publish on the NCMD or STATE topic can send a payload of
+any size (mosquitto's default ``max_packet_size`` is the MQTT maximum, 256 MiB). A message
+over ``mqtt.max_payload_bytes`` (default 64 KiB; a rebirth command is ~50 bytes) is refused
+before it is parsed (counted in :attr:`SparkplugLink.oversize`, logged for the 1st, 10th,
+100th, ... of each kind); what passes is decoded in a worker thread, so the event loop never
+waits on protobuf or JSON. Under MQTT 5 the CONNECT also says Maximum Packet Size (the
+limit plus room for the topic and properties): the broker then drops a larger message for
+this client without sending it, so it never reaches this process's memory. MQTT 3.1.1 has
+no such field: paho reads the whole packet before the check refuses it.
 """
 
 from __future__ import annotations
@@ -27,12 +37,30 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from rung.daemon.config import MQTTConfig
+from rung.daemon.mqtt.fleet import Oversize
 from rung.daemon.mqtt.link import connect_args, no_delay
-from rung.daemon.plant.sparkplug import EdgeNode, Message
+from rung.daemon.plant.sparkplug import NAMESPACE, EdgeNode, Message
 
 __all__ = ["SparkplugLink"]
 
 log = logging.getLogger("rung.sparkplug")
+
+# Maximum Packet Size (MQTT 5) = the payload limit + this: a topic (at most 65,535 bytes
+# and its length), the fixed header and a few properties
+PACKET_ROOM = 65536 + 1024
+MQTT_MAX_PACKET = 268435455
+
+
+def maximum_packet_size(max_payload_bytes: int) -> int:
+    """The MQTT 5 CONNECT Maximum Packet Size for a payload limit."""
+    return min(max_payload_bytes + PACKET_ROOM, MQTT_MAX_PACKET)
+
+
+def _kind(topic: str) -> str:
+    """NCMD, DCMD, STATE or "other": what the refusal counts go by."""
+    parts = topic.split("/")
+    return parts[1] if topic.startswith(f"{NAMESPACE}/STATE/") else (
+        parts[2] if len(parts) > 2 and parts[2] in ("NCMD", "DCMD") else "other")
 
 
 class SparkplugLink:
@@ -42,6 +70,7 @@ class SparkplugLink:
         self.node, self.cfg, self.client_id = node, mqtt, client_id
         self.v5 = str(mqtt.protocol) == "5"
         self.connections = 0
+        self.oversize = Oversize(log, mqtt.max_payload_bytes, "sparkplug")
         self._out: asyncio.Queue[Message] = asyncio.Queue()
         self._stop = asyncio.Event()
 
@@ -72,6 +101,7 @@ class SparkplugLink:
         if self.v5:
             props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = 0
+            props.MaximumPacketSize = maximum_packet_size(self.cfg.max_payload_bytes)
         return aiomqtt.Client(
             **connect_args(self.cfg), identifier=self.client_id,
             clean_session=None if self.v5 else True,
@@ -128,10 +158,16 @@ class SparkplugLink:
                 log.warning("sparkplug: could not publish NDEATH: %s", e)
 
     async def _read(self, client: aiomqtt.Client) -> None:
-        """Until a message asks for a new session (the primary host went offline)."""
+        """Until a message asks for a new session (the primary host went offline). A
+        payload over the limit is refused unparsed; the others are decoded in a worker
+        thread, one at a time (their order is kept)."""
         async for message in client.messages:
-            payload = message.payload if isinstance(message.payload, bytes) else b""
-            reaction = self.node.handle(str(message.topic), payload)
+            topic, raw = str(message.topic), message.payload
+            payload = bytes(raw) if isinstance(raw, bytes | bytearray) else b""
+            if self.oversize.refuse(_kind(topic), topic, len(payload)):
+                continue
+            command = await asyncio.to_thread(self.node.decode, topic, payload)
+            reaction = self.node.apply(command)
             self._queue(reaction.messages)
             if reaction.reconnect:
                 await self._out.join()

@@ -13,16 +13,18 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as mqtt
 import pytest
 import yaml
 
 from rung.daemon.config import ConfigError, parse_config
 from rung.daemon.mqtt.fleet import NodeStatus
-from rung.daemon.mqtt.fleet_view import read_statuses
-from tests.daemon.harness import Broker, Daemon, Reply, Requester, write_config
+from rung.daemon.mqtt.fleet_view import plc_owners, read_statuses, table
+from tests.daemon.harness import BASE, Broker, Daemon, Reply, Requester, write_config
 from tests.daemon.modbus.test_plc import HEARTBEAT, PlcThread, _plant
 from tests.daemon.modbus_proxy import ModbusProxy
 from tests.daemon.plc_rig import map_doc
@@ -132,6 +134,9 @@ def send(req: Requester, ids: list[str]) -> None:
     ({"shared_group": "+"}, "mqtt.shared_group", "one topic level"),
     ({"shared_group": "g", "client_id": "rung/a"}, "mqtt.client_id", "{base}/fleet/"),
     ({"fleet_update_s": 0}, "mqtt.fleet_update_s", "> 0"),
+    ({"fleet_lease_s": 0}, "mqtt.fleet_lease_s", "> 0"),
+    ({"shared_group": "g", "keepalive_s": 40}, "mqtt.fleet_lease_s", ">= 3 x"),
+    ({"shared_group": "g", "keepalive_s": 0}, "mqtt.keepalive_s", "> 0"),
 ])
 def test_fleet_keys_are_checked(tmp_path: Path, mqtt: dict[str, Any], key: str,
                                 says: str) -> None:
@@ -141,6 +146,7 @@ def test_fleet_keys_are_checked(tmp_path: Path, mqtt: dict[str, Any], key: str,
     ok = parse_config({"engine": {"path": "e"}, "mqtt": {"shared_group": "line3"}}, tmp_path,
                       env={})
     assert ok.mqtt.shared_group == "line3" and ok.mqtt.fleet_update_s == 5.0
+    assert ok.mqtt.fleet_lease_s == 90.0
 
 
 def test_rung_fleet_needs_a_group(tmp_path: Path, broker: Broker, edge_engine: Path) -> None:
@@ -330,8 +336,9 @@ def plc() -> Iterator[tuple[PlcThread, Callable[[], ModbusProxy]]]:
     sim.close()
 
 
-def plc_node(nodes: Callable[..., Daemon], name: str, proxy: ModbusProxy) -> Daemon:
-    d = nodes(name)
+def plc_node(nodes: Callable[..., Daemon], name: str, proxy: ModbusProxy,
+             **sections: Any) -> Daemon:
+    d = nodes(name, **sections)
     doc = map_doc(port=proxy.port)
     map_path = d.config.parent / "press1.yaml"
     map_path.write_text(yaml.safe_dump(doc))
@@ -397,3 +404,167 @@ def test_two_nodes_claiming_a_plc_at_once_one_drives_it(
     (loser,) = [p for (d, p) in pair if outcome[d.config.parent.name] == "plc refused"]
     winner.wait("the winner's heartbeat", lambda: len(winner.requests(16, HEARTBEAT)) >= 2)
     assert loser.requests() == []
+
+
+# -- claims tied to live nodes: forged statuses -------------------------------------------------
+
+LEASE = {"keepalive_s": 2, "fleet_lease_s": 6}   # a short lease: 3 x keepalive
+
+
+def forge(port: int, topic: str, payload: bytes, **login: str) -> int:
+    """Publish ``payload`` retained on ``topic`` from a plain paho client (no rung); the
+    v5 PUBACK reason code (0 when the broker took it; 135 "not authorized")."""
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"forger-{uuid.uuid4().hex[:6]}",
+                    protocol=mqtt.MQTTv5)
+    codes: list[int] = []
+    c.on_publish = lambda _c, _u, _mid, reason, _p: codes.append(int(reason.value))
+    if login:
+        c.username_pw_set(login["user"], login["password"])
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    try:
+        c.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
+        wait_for("the PUBACK", lambda: bool(codes), 10)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+    return codes[0]
+
+
+def log_time(rec: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(rec["ts"]).replace("Z", "+00:00")).timestamp()
+
+
+def test_a_forged_claim_stops_blocking_after_its_lease(
+        broker: Broker, plc: tuple[PlcThread, Callable[[], ModbusProxy]],
+        nodes: Callable[..., Daemon]) -> None:
+    """A retained ``{"online": true, "plcs": ["press1"]}`` from a client that is no node
+    keeps press1 from a node for one lease, not for ever; junk statuses beside it (2 MiB,
+    not JSON) are dropped unparsed. ``rung fleet`` shows the forged claim as stale."""
+    sim, proxy = plc
+    pb = proxy()
+    forge(broker.port, f"{BASE}/fleet/ghost", b'{"online": true, "plcs": ["press1"]}')
+    junk = b'{"online": true, "x": "' + b"x" * 2**21 + b'"}'
+    forge(broker.port, f"{BASE}/fleet/junk", junk)
+    forge(broker.port, f"{BASE}/fleet/bomb", b"[" * 60_000)
+    node = plc_node(nodes, "node-b", pb, mqtt=LEASE)
+    start(node)
+    refused = node.wait_log("plc refused")
+    assert refused["owner"] == "ghost", refused
+    ended = node.wait_log("plc claim ended", 30)
+    claimed = node.wait_log("plc claimed")
+    assert ended["owner"] == "ghost" and "never renewed" in ended["why"], ended
+    held = log_time(claimed) - log_time(refused)   # one lease (a reconnection: two)
+    assert LEASE["fleet_lease_s"] - 0.5 <= held <= 3 * LEASE["fleet_lease_s"], held
+    pb.wait("node-b's heartbeat", lambda: len(pb.requests(16, HEARTBEAT)) >= 2)
+    dropped = [r for r in node.lines() if r.get("msg") == "payload refused"]
+    assert [(r["kind"], r["bytes"]) for r in dropped] == [("status", len(junk))], dropped
+    seen = statuses(node)
+    listing = table(seen)
+    assert len(listing) < 2000 and max(len(x) for x in listing.splitlines()) < 200, listing
+    rows = {line.split()[0]: line.split()[1] for line in listing.splitlines()[1:]
+            if not line.startswith("ignored")}
+    assert rows == {"node-b": "online", "ghost": "stale"}, listing
+    assert f"ignored junk: {len(junk)} bytes, over the limit of 65536" in listing
+    assert "ignored bomb: not JSON" in listing
+    assert seen["node-b"].plcs == ("press1",) and plc_owners(seen) == {"press1": "node-b"}
+
+
+def test_a_forged_offline_status_does_not_make_two_writers(
+        broker: Broker, plc: tuple[PlcThread, Callable[[], ModbusProxy]],
+        nodes: Callable[..., Daemon]) -> None:
+    """A retained ``{"online": false}`` on the owner's topic, from a client that is no
+    node, while the owner drives press1 and node-b refuses it. The owner reads its own
+    topic: it stops driving press1 at once and republishes its real status (press1 given
+    up); node-b, which took the offline status for the broker's word and kept refusing,
+    takes press1 once the live owner's status no longer claims it. press1 sees no write
+    from node-a after node-b's first."""
+    sim, proxy = plc
+    pa, pb = proxy(), proxy()
+    owner, second = plc_node(nodes, "node-a", pa), plc_node(nodes, "node-b", pb)
+    start(owner)
+    owner.wait_log("plc claimed")
+    pa.wait("node-a's heartbeat", lambda: len(pa.requests(16, HEARTBEAT)) >= 2)
+    start(second)
+    assert second.wait_log("plc refused")["owner"] == "node-a"
+    boot = statuses(owner)["node-a"].doc["boot"]
+    forge(broker.port, f"{BASE}/fleet/node-a",
+          json.dumps({"online": False, "client_id": "node-a", "group": GROUP}).encode())
+    overwritten = owner.wait_log("fleet status overwritten")
+    assert overwritten["by"] == "an offline status" and overwritten["stopped"] == ["press1"]
+    lost = owner.wait_log("plc lost")
+    assert lost["plc"] == "press1" and lost["owner"] == "(status overwritten)", lost
+    owner.wait_log("fleet status restored")
+    ended = second.wait_log("plc claim ended")
+    assert ended["owner"] == "node-a" and "withdrew" in ended["why"], ended
+    assert second.wait_log("plc claimed")["plc"] == "press1"
+    pb.wait("node-b's heartbeats", lambda: len(pb.requests(16, HEARTBEAT)) >= 3)
+    first_b = min(s.t for s in writes(pb))
+    assert writes(pa) and max(s.t for s in writes(pa)) < first_b, "two writers at once"
+    beats = len(pa.requests())
+    pb.wait("two more heartbeats", lambda: len(pb.requests(16, HEARTBEAT)) >= 5)
+    assert len(pa.requests()) == beats, "node-a still talks to press1"
+    now = statuses(owner)
+    assert now["node-a"].online and now["node-a"].doc["boot"] == boot   # restored, same run
+    assert now["node-a"].plcs == () and now["node-a"].doc["refused"] == {
+        "press1": "(status overwritten)"}
+    assert now["node-b"].plcs == ("press1",)
+    assert not any(r.get("msg") == "fleet status overwritten" for r in second.lines())
+
+
+def test_the_fleet_acl_keeps_other_clients_off(
+        tmp_path: Path, edge_engine: Path,
+        plc: tuple[PlcThread, Callable[[], ModbusProxy]]) -> None:
+    """The ACL of docs/mqtt.md ("Access control"), as written there, on mosquitto: a node
+    serves and claims under it, ``rung fleet`` reads the fleet with a node's or an
+    operator's login, and no other client can write a status, its own or a node's."""
+    passwd = tmp_path / "passwd"
+    for i, user in enumerate(["rung-node2", "ops", "hmi7"]):
+        subprocess.run(["mosquitto_passwd", "-b", *(["-c"] if i == 0 else []), str(passwd),
+                        user, f"pw-{user}"], check=True, capture_output=True, timeout=30)
+    passwd.chmod(0o600)
+    acl = tmp_path / "acl"
+    acl.write_text(fleet_acl().replace("v1/acme/plant1/press-line/rung", BASE))
+    broker = Broker(tmp_path / "broker", password_file=passwd,
+                    listener_options=[f"acl_file {acl}"])
+    broker.start()
+    made: list[Daemon] = []
+
+    def make(name: str, **sections: Any) -> Daemon:
+        root = tmp_path / name
+        root.mkdir()
+        mqtt_section = {"shared_group": GROUP, "client_id": name, **sections.pop("mqtt")}
+        made.append(Daemon(write_config(root, edge_engine, broker.port, mqtt=mqtt_section,
+                                        **sections)))
+        return made[-1]
+
+    try:
+        node = plc_node(make, "rung-node2", plc[1](), mqtt={
+            "username": "rung-node2", "password": "pw-rung-node2"})
+        start(node)
+        assert node.wait_log("plc claimed")["plc"] == "press1"   # its birth came back
+        forged = b'{"online": true, "plcs": ["press1"]}'
+        for user in ("hmi7", "ops"):
+            for victim in ("ghost", "rung-node2"):
+                code = forge(broker.port, f"{BASE}/fleet/{victim}", forged, user=user,
+                             password=f"pw-{user}")
+                assert code == 135, (user, victim, code)   # not authorized
+        for user in ("rung-node2", "ops"):
+            cfg = parse_config({"engine": {"path": "e"}, "mqtt": {
+                "port": broker.port, "base_topic": BASE, "shared_group": GROUP,
+                "client_id": user, "username": user, "password": f"pw-{user}"}},
+                tmp_path, env={}).mqtt
+            seen = asyncio.run(read_statuses(cfg))
+            assert sorted(seen) == ["rung-node2"] and seen["rung-node2"].online, user
+            assert seen["rung-node2"].plcs == ("press1",)
+        assert not any(r.get("msg") == "fleet status overwritten" for r in node.lines())
+    finally:
+        for d in made:
+            d.stop()
+        broker.stop()
+
+
+def fleet_acl() -> str:
+    """The mosquitto ACL block under "Access control" in docs/mqtt.md."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "mqtt.md").read_text()
+    return doc.split("### Access control", 1)[1].split("```", 2)[1] + "\n"

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,8 @@ import pytest
 from rung.daemon.config import MQTTConfig
 from rung.daemon.demo.localbroker import LocalBroker
 from rung.daemon.modbus.regmap import load_map
-from rung.daemon.plant.sparkplug import Device, EdgeNode, SparkplugError
+from rung.daemon.plant import sparkplug as sparkplug_module
+from rung.daemon.plant.sparkplug import REBIRTH, Device, EdgeNode, SparkplugError
 from rung.daemon.plant.sparkplug_link import SparkplugLink
 from rung.daemon.plant.sparkplug_metrics import Point, device_metrics
 from rung.daemon.plant.sparkplug_pb import DataType, Payload
@@ -288,3 +292,85 @@ def test_devices_come_from_register_maps() -> None:
     birth = device_metrics(device, {}, "", birth=True)
     oil = next(m for m in birth if m["name"] == "Points/oil_temp/Value")
     assert oil["unit"] == "degC" and oil["value"] is None
+
+
+# -- what arrives is bounded ------------------------------------------------------------------
+
+
+def _ncmd(rebirth: bool, pad: int = 0) -> bytes:
+    """An NCMD asking for a rebirth, padded with a string metric to ``pad`` bytes or more."""
+    p = Payload(timestamp=int(time.time() * 1000))
+    p.metrics.add(name=REBIRTH, datatype=DataType.BOOLEAN, boolean_value=rebirth)
+    if pad:
+        p.metrics.add(name="padding", datatype=DataType.STRING, string_value="x" * pad)
+    return bytes(p.SerializeToString())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_an_oversized_command_is_refused_unparsed(broker: LocalBroker, host: Host,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture,
+                                                  protocol: str) -> None:
+    """An NCMD over ``mqtt.max_payload_bytes`` -- even one that asks for a rebirth -- is
+    dropped before protobuf sees it; the link goes on and acts on the next command. What
+    is parsed is parsed in a worker thread. Under MQTT 5 the broker does not even send a
+    3 MiB command (CONNECT Maximum Packet Size); under 3.1.1 the link refuses it too."""
+    limit = 1024
+    parsed: list[tuple[int, bool]] = []   # (bytes, on the main thread)
+    real, normal = sparkplug_module._rebirth, _ncmd(True)
+    last_read = threading.Event()
+
+    def spy(payload: bytes) -> bool:
+        parsed.append((len(payload), threading.current_thread() is threading.main_thread()))
+        if payload == normal:
+            last_read.set()
+        return real(payload)
+
+    monkeypatch.setattr(sparkplug_module, "_rebirth", spy)
+    just_over, huge = _ncmd(True, limit), _ncmd(True, 3 * 2**20)
+    assert limit < len(just_over) < limit + 64
+
+    async def scenario() -> None:
+        node = EdgeNode(GROUP, NODE, [PRESS])
+        link = SparkplugLink(node, MQTTConfig(port=broker.port, protocol=protocol,
+                                              max_payload_bytes=limit, reconnect_min_s=0.1,
+                                              reconnect_max_s=0.5), "rung-node1-spb")
+        task = asyncio.ensure_future(link.run())
+        try:
+            await _kinds(host, ["NBIRTH", "DBIRTH"])
+            mark = len(host.since())
+            for payload in (just_over, huge, normal):   # the last one is acted on
+                host.client.publish(topic("NCMD"), payload, qos=1).wait_for_publish(5)
+            assert await asyncio.to_thread(last_read.wait, 10)
+            link.diagnosis("press1", EVENT)   # a fence: published after any birth
+            await _until(host, "the DDATA", lambda s: any(x.kind == "DDATA" for x in s), mark)
+            # one rebirth: the oversized commands (rebirths too) made none
+            assert [s.kind for s in host.since(mark)] == ["NBIRTH", "DBIRTH", "DDATA"]
+            assert link.connections == 1
+            assert link.oversize.counts["NCMD"] == (1 if protocol == "5" else 2)
+        finally:
+            link.stop()
+            await asyncio.wait_for(task, 10)
+
+    with caplog.at_level(logging.WARNING, logger="rung.sparkplug"):
+        asyncio.run(scenario())
+    assert parsed and all(n <= limit for n, _ in parsed), parsed
+    assert not any(main for _, main in parsed), "parsed on the event loop's thread"
+    refusals = [r for r in caplog.records if r.getMessage() == "payload refused"]
+    assert len(refusals) == 1, "logged once per kind, not once per message"
+    fields = refusals[0].rung_fields  # type: ignore[attr-defined]
+    assert fields["kind"] == "NCMD" and fields["bytes"] == len(just_over)
+    assert fields["limit"] == limit
+
+
+def test_hostile_commands_are_answered_with_nothing() -> None:
+    node = EdgeNode(GROUP, NODE, [PRESS], primary_host_id="scada1")
+    state = "spBv1.0/STATE/scada1"
+    node.will()
+    for payload in (b'{"online": true, "timestamp": 1e999}', b"[" * 100_000, b'"online"',
+                    b'{"online": "yes"}'):
+        assert node.decode(state, payload).state is None, payload
+        assert node.handle(state, payload).messages == []
+    assert node.decode(topic("NCMD"), b"\x0a" * 70_000).rebirth is False
+    assert node.decode("spBv1.0/Plant1/NCMD/other", _ncmd(True)).kind == ""
