@@ -98,6 +98,9 @@ class Metrics:
         self.quarantined = Counter("rung_requests_quarantined", "Requests answered internal "
                                    "after they were in flight at too many daemon deaths",
                                    registry=r)
+        self.payloads_refused = Counter("rung_payloads_refused", "Inbound MQTT payloads "
+                                        "refused unparsed for their size, by part and kind",
+                                        ["part", "kind"], registry=r)
         self.part_up = Gauge("rung_part_up", "1 while a long-lived part of the daemon runs "
                              "(or is being restarted), 0 once it is dead", ["part"],
                              registry=r)
@@ -191,6 +194,10 @@ class Metrics:
         """Whether the journal can write in ``state_dir`` (0: requests are refused
         ``unavailable`` until it can again)."""
         self.storage_ok.set(1 if ok else 0)
+
+    def payload_refused(self, part: str, kind: str) -> None:
+        """Counts one inbound payload refused for its size (``mqtt.max_payload_bytes``)."""
+        self.payloads_refused.labels(part=part, kind=kind).inc()
 
     def set_part(self, name: str, up: bool) -> None:
         """A supervised part's state (``daemon.supervise``)."""

@@ -103,6 +103,9 @@ class Service:
         self._agent_tasks: dict[str, asyncio.Task[Any]] = {}   # PLCs a fleet node won
         self._spawned: set[asyncio.Task[Any]] = set()
         self.fleet = self._fleet() if cfg.mqtt.shared_group else None
+        for part in (self.fleet, self.sparkplug):
+            if part is not None:
+                part.oversize.observe = self.metrics.payload_refused
         self.started = time.time()
         self._stopping = asyncio.Event()
         self._link_task: asyncio.Task[Any] | None = None

@@ -129,6 +129,7 @@ class Oversize:
     def __init__(self, logger: logging.Logger, limit: int, what: str) -> None:
         self.log, self.limit, self.what = logger, limit, what
         self.counts: collections.Counter[str] = collections.Counter()
+        self.observe: Callable[[str, str], None] | None = None   # (part, kind): metrics
 
     def refuse(self, kind: str, topic: str, size: int) -> bool:
         """True (counted, maybe logged) when ``size`` bytes are over the limit."""
@@ -136,6 +137,8 @@ class Oversize:
             return False
         self.counts[kind] += 1
         n = self.counts[kind]
+        if self.observe is not None:
+            self.observe(self.what, kind)
         if n == 10 ** (len(str(n)) - 1):
             self.log.warning("payload refused", extra={"rung_fields": {
                 "part": self.what, "kind": kind, "topic": topic[:200], "bytes": size,

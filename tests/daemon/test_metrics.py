@@ -171,3 +171,16 @@ def test_serve_refuses_non_loopback(metrics: Metrics, host: str) -> None:
 def test_serve_refuses_bad_port(metrics: Metrics, port: object) -> None:
     with pytest.raises(ValueError, match="port"):
         metrics.serve(port)  # type: ignore[arg-type]
+
+
+def test_refused_payloads_are_counted_by_part_and_kind() -> None:
+    import logging
+
+    from rung.daemon.mqtt.fleet import Oversize
+
+    m = Metrics()
+    o = Oversize(logging.getLogger("test"), 10, "sparkplug")
+    o.observe = m.payload_refused
+    assert not o.refuse("NCMD", "spBv1.0/g/NCMD/n", 10)
+    assert o.refuse("NCMD", "spBv1.0/g/NCMD/n", 11) and o.refuse("NCMD", "t", 2**27)
+    assert m.payloads_refused.labels(part="sparkplug", kind="NCMD")._value.get() == 2
