@@ -8,11 +8,14 @@ keys mean equal KV, and a prompt's longest cached prefix is its longest run of p
 
 :class:`ColdStore` keeps blocks zstd-compressed in RAM under a byte budget (LRU, pinning)
 and, given a ``state_dir``, also on disk (:mod:`rung.engines.kv_disk`) so a restart keeps
-them.
+them. With a disk tier, :meth:`ColdStore.put` does no compression and no I/O: it keeps the
+block's arrays (the caller's copy) and queues it for the disk tier's writer thread, which
+compresses it into RAM and writes its file (see :class:`ColdStore`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -30,7 +33,7 @@ import numpy as np
 import zstandard
 
 from rung.engines.errors import EngineError
-from rung.engines.kv_disk import KEY_RE, DiskTier, Record
+from rung.engines.kv_disk import CLOSE_WAIT_S, KEY_RE, MAX_PENDING, DiskTier, Record
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +113,12 @@ def chain_keys(engine_id: str, tokens: Sequence[int], block: int) -> list[str]:
 
 def default_shuffle(arrays: Mapping[str, np.ndarray]) -> bool:
     """The measured default for a block: that of the dtype holding most of its bytes."""
-    by_dtype: dict[str, int] = {}
+    by_dtype: dict[np.dtype[Any], int] = {}   # dtype.name is slow: 96 of them took 0.4 ms
     for a in arrays.values():
-        by_dtype[a.dtype.name] = by_dtype.get(a.dtype.name, 0) + a.nbytes
+        by_dtype[a.dtype] = by_dtype.get(a.dtype, 0) + a.nbytes
     if not by_dtype:
         return False
-    return SHUFFLE_DEFAULT.get(max(by_dtype, key=lambda n: by_dtype[n]), False)
+    return SHUFFLE_DEFAULT.get(max(by_dtype, key=lambda d: by_dtype[d]).name, False)
 
 
 def encode_block(arrays: Mapping[str, np.ndarray], shuffle: bool | None = None) -> bytes:
@@ -248,14 +251,30 @@ class ColdStore:
     (never at the cost of a pinned block) and only reach the disk. With ``state_dir`` every
     put is also written to ``state_dir/kv/<key>.rkv`` (see :mod:`rung.engines.kv_disk`)
     under ``disk_budget_bytes`` (None: unbounded); a block evicted from RAM stays on disk
-    and a get promotes it back. A lock guards the store (one zstd context each way), so
-    worker threads may share it; disk I/O runs outside the lock.
+    and a get promotes it back.
+
+    The decode step's offload (an unpinned put with a disk tier) does no compression and no
+    I/O: the block's arrays (the caller's own copy, as ``KVCache.read_block`` makes it) are
+    staged and queued for the disk tier's writer thread, which compresses them, admits the
+    frame to RAM (under the budget, as above) and writes the file; a get meanwhile serves
+    the staged arrays (a RAM hit). Staged blocks are outside the RAM budget, at most the
+    write queue's ``max_pending`` (+1 being written); a full queue drops its oldest block,
+    staged arrays and file both (``writes_dropped``). Pinned puts (task heads at start-up)
+    and a store without a disk tier (or closed) compress in the caller. :meth:`flush` waits
+    for the queue, :meth:`close` flushes and stops the writer (bounded waits); what a crash
+    can lose is in :mod:`rung.engines.kv_disk`: cache blocks, never answers.
+
+    A lock guards the store (one zstd context each way in the caller, another for the
+    writer), so worker threads may share it; compression in the writer and disk I/O run
+    outside it.
     """
 
     def __init__(self, engine_id: str, ram_budget_bytes: int, level: int = 1,
                  state_dir: str | os.PathLike[str] | None = None,
-                 disk_budget_bytes: int | None = None, shuffle: bool | None = None) -> None:
-        """Raises: EngineError: a bad budget or level, or ``state_dir`` cannot be opened."""
+                 disk_budget_bytes: int | None = None, shuffle: bool | None = None,
+                 max_pending: int = MAX_PENDING) -> None:
+        """Raises: EngineError: a bad budget, level or queue size, or ``state_dir`` cannot
+        be opened."""
         if ram_budget_bytes < 0 or (disk_budget_bytes is not None and disk_budget_bytes < 0):
             raise EngineError("cold KV budgets must not be negative")
         if not 1 <= level <= zstandard.MAX_COMPRESSION_LEVEL:
@@ -267,53 +286,78 @@ class ColdStore:
         self.shuffle = shuffle
         self._lock = threading.Lock()
         self._cctx = zstandard.ZstdCompressor(level=level)
+        self._wctx = zstandard.ZstdCompressor(level=level)   # the writer thread's
         self._dctx = zstandard.ZstdDecompressor()
         self._ram: OrderedDict[str, _Entry] = OrderedDict()   # least recently used first
+        self._staged: dict[str, Mapping[str, np.ndarray]] = {}   # queued, not compressed yet
         self._pinned: set[str] = set()
         self._bytes_ram = self._bytes_raw = self._bytes_pinned = 0
         self._n = _Counters()
-        self._disk = (DiskTier(Path(state_dir) / "kv", engine_id, disk_budget_bytes)
-                      if state_dir is not None else None)
+        self._disk = (DiskTier(Path(state_dir) / "kv", engine_id, disk_budget_bytes,
+                               max_pending) if state_dir is not None else None)
 
     # -- public interface -----------------------------------------------------------------
 
     def put(self, key: str, arrays: Mapping[str, np.ndarray], pinned: bool = False) -> bool:
         """Store a block (``[block, ...]`` per buffer) under ``key`` from :func:`chain_keys`.
 
-        A key already in RAM is only marked used (equal keys mean equal KV).
+        A key already held is only marked used (equal keys mean equal KV). With an open disk
+        tier an unpinned block is staged and queued (see the class): the arrays must not be
+        changed afterwards.
 
         Returns:
-            Whether the block is held afterwards (RAM or disk); False when RAM refused it
-            (no room beside pinned blocks) and there is no disk or no room on it.
+            Whether the block is held afterwards (RAM, staged, or disk); False when RAM
+            refused it (no room beside pinned blocks) and there is no disk or no room on it.
+            A staged block counts as held: the writer may still drop it (a full queue) or
+            RAM and disk refuse it.
 
         Raises:
             EngineError: ``key`` is not a sha256 hex digest, or an array is not numeric.
         """
         _check_key(key)
+        disk = self._disk if self._disk is not None and not self._disk.closed else None
+        in_ram = False
         with self._lock:
             if pinned:
                 self._pin(key)
             entry = self._ram.get(key)
-            if entry is None:
-                entry = self._compress(arrays)
-                in_ram = self._admit(key, entry)
-            else:
+            if entry is not None:
                 self._ram.move_to_end(key)
                 in_ram = True
+            elif key in self._staged:
+                return True
+            elif disk is not None and not pinned:
+                _check_arrays(arrays)
+                self._staged[key] = arrays
+            else:
+                entry = self._compress(arrays)
+                in_ram = self._admit(key, entry)
             protected = frozenset(self._pinned)
-        if self._disk is None:
+        if disk is None:
             return in_ram
+        if entry is None:   # staged: the writer compresses it, then drops the arrays
+            if disk.write(key, lambda: self._produce(key), protected, self._unstage):
+                return True
+            with self._lock:   # closed meanwhile: compress here instead
+                arrays = self._staged.pop(key, arrays)
+                entry = self._compress(arrays)
+                return self._admit(key, entry)
         record = Record(entry.data, entry.raw_len, entry.shuffle, self.level)
-        return self._disk.write(key, record, protected) or in_ram
+        return disk.write(key, record, protected) or in_ram
 
     def get(self, key: str) -> dict[str, np.ndarray] | None:
-        """The block under ``key`` (RAM first, then disk, promoted to RAM), or None."""
+        """The block under ``key`` (RAM or staged, then disk, promoted to RAM), or None."""
         t0 = time.perf_counter()
         with self._lock:
             entry = self._ram.get(key)
-            if entry is not None:
-                self._ram.move_to_end(key)
-                hot = self._decompress(entry)
+            staged = self._staged.get(key) if entry is None else None
+            if entry is not None or staged is not None:
+                if entry is not None:
+                    self._ram.move_to_end(key)
+                    hot = self._decompress(entry)
+                else:
+                    assert staged is not None
+                    hot = {name: np.array(a, copy=True) for name, a in staged.items()}
                 self._n.hits_ram += 1
                 self._n.restore_s += time.perf_counter() - t0
                 return hot
@@ -328,9 +372,10 @@ class ColdStore:
             return arrays
 
     def contains(self, key: str) -> bool:
-        """Whether ``key`` is held in RAM or on disk (not counted as a hit or miss)."""
+        """Whether ``key`` is held in RAM, staged or on disk (not counted as a hit or
+        miss)."""
         with self._lock:
-            if key in self._ram:
+            if key in self._ram or key in self._staged:
                 return True
         return self._disk is not None and key in self._disk
 
@@ -338,7 +383,7 @@ class ColdStore:
         return isinstance(key, str) and self.contains(key)
 
     def longest_prefix(self, keys: Sequence[str]) -> int:
-        """How many leading ``keys`` are held (RAM or disk)."""
+        """How many leading ``keys`` are held (RAM, staged or disk)."""
         for n, key in enumerate(keys):
             if not self.contains(key):
                 return n
@@ -347,7 +392,8 @@ class ColdStore:
     def pin(self, key: str) -> bool:
         """Keep ``key`` from eviction (RAM and disk); False if it is not held."""
         with self._lock:
-            if key not in self._ram and (self._disk is None or key not in self._disk):
+            if (key not in self._ram and key not in self._staged
+                    and (self._disk is None or key not in self._disk)):
                 return False
             self._pin(key)
             return True
@@ -362,6 +408,23 @@ class ColdStore:
                 self._bytes_pinned -= len(self._ram[key].data)
             self._evict_until(self.ram_budget)
 
+    def hold_writes(self) -> contextlib.AbstractContextManager[None]:
+        """A context in which the disk tier's writer starts no new block: ``PrefixCache.save``
+        queues a leaving sequence's blocks in one, so that the decode step's offload does not
+        share the interpreter with their compression (see ``DiskTier.hold``)."""
+        disk = self._disk
+        return contextlib.nullcontext() if disk is None else disk.hold()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout`` seconds) until every queued block is compressed and
+        written; whether it is (True at once without a disk tier)."""
+        return self._disk is None or self._disk.flush(timeout)
+
+    def close(self, timeout: float = CLOSE_WAIT_S) -> bool:
+        """Flush (at most ``timeout`` seconds) and stop the disk tier's writer; later puts
+        compress in the caller and stay in RAM. Whether every queued block was written."""
+        return self._disk is None or self._disk.close(timeout)
+
     def stats(self) -> dict[str, int | float]:
         """Counters and sizes; rates are cumulative raw MB (1e6 bytes) per second."""
         with self._lock:
@@ -369,6 +432,7 @@ class ColdStore:
             out: dict[str, int | float] = {
                 "hits_ram": n.hits_ram, "hits_disk": n.hits_disk, "misses": n.misses,
                 "entries_ram": len(self._ram), "entries_pinned": len(self._pinned),
+                "entries_staged": len(self._staged),
                 "bytes_ram": self._bytes_ram, "bytes_raw": self._bytes_raw,
                 "bytes_pinned": self._bytes_pinned, "refused_ram": n.refused_ram,
                 "compression_ratio": self._bytes_raw / self._bytes_ram if self._bytes_ram else 0.0,
@@ -379,22 +443,52 @@ class ColdStore:
         disk = self._disk
         if disk is None:
             out.update(entries_disk=0, bytes_disk=0, dropped_corrupt=0, refused_disk=0,
-                       disk_errors=0)
+                       disk_errors=0, writes_pending=0, writes_dropped=0)
         else:
             out.update(entries_disk=len(disk), bytes_disk=disk.nbytes,
                        dropped_corrupt=disk.dropped_corrupt, refused_disk=disk.refused,
-                       disk_errors=disk.errors)
+                       disk_errors=disk.errors, writes_pending=disk.pending,
+                       writes_dropped=disk.dropped_writes)
         return out
+
+    # -- the writer thread's part -----------------------------------------------------------
+
+    def _produce(self, key: str) -> Record | None:
+        """Compress a staged block (in the writer thread, outside the lock) and admit it to
+        RAM; its record for the file, None if it is not staged any more."""
+        with self._lock:
+            arrays = self._staged.get(key)
+            entry = self._ram.get(key)
+        if arrays is None:
+            return None
+        if entry is None:
+            entry = self._compress(arrays, self._wctx, locked=False)
+            with self._lock:
+                if key in self._ram:
+                    self._ram.move_to_end(key)
+                else:
+                    self._admit(key, entry)
+        return Record(entry.data, entry.raw_len, entry.shuffle, self.level)
+
+    def _unstage(self, key: str) -> None:
+        """The writer is done with ``key`` (written, failed or dropped): forget its arrays."""
+        with self._lock:
+            self._staged.pop(key, None)
 
     # -- internals (callers hold the lock) ------------------------------------------------
 
-    def _compress(self, arrays: Mapping[str, np.ndarray]) -> _Entry:
+    def _compress(self, arrays: Mapping[str, np.ndarray],
+                  cctx: zstandard.ZstdCompressor | None = None, locked: bool = True) -> _Entry:
+        """Encode and compress ``arrays`` with ``cctx`` (the caller's: the lock is held;
+        the writer's: ``locked=False``, the counters are taken under the lock)."""
         t0 = time.perf_counter()
         shuffle = default_shuffle(arrays) if self.shuffle is None else self.shuffle
         payload = encode_block(arrays, shuffle)
-        data = self._cctx.compress(payload)
-        self._n.compress_s += time.perf_counter() - t0
-        self._n.compress_bytes += len(payload)
+        data = (cctx or self._cctx).compress(payload)
+        dt = time.perf_counter() - t0
+        with contextlib.nullcontext() if locked else self._lock:
+            self._n.compress_s += dt
+            self._n.compress_bytes += len(payload)
         return _Entry(data, len(payload), shuffle)
 
     def _decompress(self, entry: _Entry) -> dict[str, np.ndarray]:
@@ -460,6 +554,13 @@ class ColdStore:
                 entry = self._ram.pop(key)
                 self._bytes_ram -= len(entry.data)
                 self._bytes_raw -= entry.raw_len
+
+
+def _check_arrays(arrays: Mapping[str, np.ndarray]) -> None:
+    """Raises: EngineError: an array is not numeric (what ``encode_block`` refuses)."""
+    for name, a in arrays.items():
+        if a.dtype.kind not in _KINDS:
+            raise EngineError(f"KV block array {name!r} has dtype {a.dtype}, not a number type")
 
 
 def _check_key(key: str) -> None:

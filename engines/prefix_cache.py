@@ -83,15 +83,20 @@ class PrefixCache:
 
     def save(self, cache: KVCache, row: int, tokens: Sequence[int],
              pinned: bool = False) -> int:
-        """Offer the row's full blocks whose KV is in the cache; returns blocks stored."""
+        """Offer the row's full blocks whose KV is in the cache; returns blocks stored.
+
+        With a disk tier this is the decode step's offload when a sequence leaves: each
+        block is copied out of the cache and queued (``ColdStore.put``), and the disk tier's
+        writer compresses and writes them after this returns (``ColdStore.hold_writes``)."""
         valid = min(int(cache.lengths[row]), len(tokens))
         keys = chain_keys(self.engine_id, tokens[:valid], self.block)
         stored = 0
-        for i, key in enumerate(keys):
-            if key in self.store:
-                if pinned:
-                    self.store.pin(key)
-                continue
-            stored += int(self.store.put(key, cache.read_block(row, i * self.block, self.block),
-                                         pinned=pinned))
+        with self.store.hold_writes():
+            for i, key in enumerate(keys):
+                if key in self.store:
+                    if pinned:
+                        self.store.pin(key)
+                    continue
+                stored += int(self.store.put(
+                    key, cache.read_block(row, i * self.block, self.block), pinned=pinned))
         return stored

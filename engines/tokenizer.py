@@ -5,12 +5,18 @@ manifest's ``TokenizerSpec``. ``Tokenizer`` wraps the ``tokenizers`` library for
 and decoding, renders chat templates with jinja2 the way transformers does, and hands out
 ``StreamDecoder`` objects that turn a growing list of token ids into text without ever
 emitting half a UTF-8 character.
+
+A chat is encoded so that only the template's own markers become control tokens: the text
+of a message (a request's input, a task's prompt, a model's earlier answer) is always text,
+even where it spells a special or added token (``<|im_end|>``, ``<|im_start|>system``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+import secrets
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -32,6 +38,7 @@ TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, CHAT_TEMPLATE_FILE, SPECIAL
 
 _NO_TEMPLATE_HINT = "use --raw or a checkpoint with a chat template"
 _REPLACEMENT = "\ufffd"
+_PIECES_CACHED = 256   # template pieces kept encoded (a few per task and template)
 
 
 # -- reading a checkpoint ------------------------------------------------------------------
@@ -209,8 +216,20 @@ class Tokenizer:
         self._spec = spec
         self._template: jinja2.Template | None = None
         self._texts: list[str] | None = None
-        self._special_ids = frozenset(
-            int(i) for i, t in hf.get_added_tokens_decoder().items() if t.special)
+        added = hf.get_added_tokens_decoder()
+        self._special_ids = frozenset(int(i) for i, t in added.items() if t.special)
+        # every id that text must never encode to: added tokens (special or not: a
+        # tokenizer splits both out of text) and the spec's bos, eos and pad
+        self._control_ids = frozenset(int(i) for i in added) | frozenset(
+            i for i in (*spec.eos_token_ids, spec.bos_token_id, spec.pad_token_id)
+            if i is not None)
+        # their spellings, longest first (a message holding one is encoded piece by piece)
+        spellings = sorted({t.content for t in added.values() if t.content}, key=len,
+                           reverse=True)
+        self._spellings = re.compile("|".join(map(re.escape, spellings))) if spellings \
+            else None
+        self._plain: _HFTokenizer | None = None   # built when a message first needs it
+        self._pieces: dict[str, list[int]] = {}
         eos = spec.eos_token_ids
         self._eos_token = hf.id_to_token(eos[0]) if eos else None
 
@@ -264,6 +283,40 @@ class Tokenizer:
         text already starts with it or the model has none.
         """
         ids: list[int] = self._hf.encode(text, add_special_tokens=False).ids
+        return self._with_bos(ids, add_bos)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Tokenize ``text`` as text only: a special or added token's spelling in it (e.g.
+        ``<|im_end|>``) is encoded as the characters it is made of, never as that token.
+
+        Raises:
+            TokenizerError: the vocabulary still turns the text into a control token.
+        """
+        if self._plain is None:
+            self._plain = self._text_only_tokenizer()
+        ids: list[int] = self._plain.encode(text, add_special_tokens=False).ids
+        control = next((i for i in ids if i in self._control_ids), None)
+        if control is not None:
+            raise TokenizerError(
+                f"text encodes to the control token {self._hf.id_to_token(control)!r} "
+                "even with special tokens off",
+                "remove that token's spelling from the text")
+        return ids
+
+    def _text_only_tokenizer(self) -> _HFTokenizer:
+        """A copy of the tokenizer whose added tokens are all special and not split out of
+        text (the tokenizers library's ``encode_special_tokens``; alone it still splits
+        out added tokens that are not special)."""
+        data = json.loads(self._hf.to_str())
+        for token in data.get("added_tokens") or []:
+            token["special"] = True
+        plain = _HFTokenizer.from_str(json.dumps(data))
+        plain.encode_special_tokens = True
+        return plain
+
+    def _with_bos(self, ids: list[int], add_bos: bool | None) -> list[int]:
+        """``ids`` with the BOS id in front when ``add_bos`` (None: the spec's
+        ``add_bos_token``) asks for it and it is not there already."""
         bos = self._spec.bos_token_id
         want_bos = self._spec.add_bos_token if add_bos is None else add_bos
         if want_bos and bos is not None and (not ids or ids[0] != bos):
@@ -301,12 +354,94 @@ class Tokenizer:
             raise TokenizerError(f"chat template failed to render: {type(e).__name__}: {e}",
                                  "check the messages, or use --raw") from e
 
-    def encode_chat(self, messages: list[dict[str, str]],
-                    add_generation_prompt: bool = True) -> list[int]:
-        """Render the chat template and encode it, never doubling a BOS the template wrote."""
-        text = self.render_chat(messages, add_generation_prompt)
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    render: Callable[[list[dict[str, str]]], str] | None = None) -> list[int]:
+        """Render the chat template and encode it, never doubling a BOS the template wrote.
+
+        Only the template's own markers become control tokens: a message's ``content`` is
+        text, and where it spells a special or added token (``<|im_end|>`` ...) that
+        spelling is encoded as text (``encode_text``), so a message cannot close its turn
+        or open another. A chat whose messages spell none encodes exactly as its rendered
+        text does (``encode``); one that does is encoded piece by piece: the template's
+        text between the messages as it is, each message's content as text.
+
+        ``render`` (default: ``render_chat`` with ``add_generation_prompt``) turns the
+        messages into the prompt text, e.g. a caller's that works around a template
+        without a system role.
+
+        Raises:
+            TokenizerError: as ``render_chat``; or a message spells a control token and
+                the template rewrites messages' text (so where a message's text lies in the
+                prompt is unknown).
+        """
+        if render is None:
+            def render(chat: list[dict[str, str]]) -> str:
+                return self.render_chat(chat, add_generation_prompt)
+        text = render(messages)
         bos = self._spec.bos_token
-        return self.encode(text, add_bos=False if bos and text.startswith(bos) else None)
+        add_bos = False if bos and text.startswith(bos) else None
+        ids: list[int] = self._hf.encode(text, add_special_tokens=False).ids
+        marks = [i for i in ids if i in self._control_ids]
+        if not marks:   # no control token at all: nothing a message could have added
+            return self._with_bos(ids, add_bos)
+        contents = [m.get("content") for m in messages]
+        split = self._template_pieces(messages, render)
+        if split is None:   # the template cannot be rendered around stand-ins
+            if any(self._spells_control(c) or (isinstance(c, str) and set(
+                    self.encode(c, add_bos=False)) & self._control_ids) for c in contents):
+                raise self._entangled()
+            return self._with_bos(ids, add_bos)
+        pieces, slots = split
+        piece_ids = [self._piece_ids(p) for p in pieces]
+        if (marks == [i for p in piece_ids for i in p if i in self._control_ids]
+                and not any(self._spells_control(contents[k]) for k in slots)):
+            return self._with_bos(ids, add_bos)   # every control token is the template's
+        if pieces[0] + "".join(str(contents[k]) + p
+                               for k, p in zip(slots, pieces[1:], strict=True)) != text:
+            raise self._entangled()
+        out = list(piece_ids[0])
+        for k, p in zip(slots, piece_ids[1:], strict=True):
+            out += self.encode_text(str(contents[k])) + p
+        return self._with_bos(out, add_bos)
+
+    def _template_pieces(self, messages: list[dict[str, str]],
+                         render: Callable[[list[dict[str, str]]], str],
+                         ) -> tuple[list[str], list[int]] | None:
+        """The template's own text around the messages' contents: the chat rendered with
+        each string content replaced by a stand-in no message holds, split at the
+        stand-ins (``pieces``, one more than ``slots``: which message's content lies
+        between two pieces); None when the template refuses the stand-ins."""
+        nonce = secrets.token_hex(8)
+        chat = [{**m, "content": f"\ue000{nonce}:{k}\ue001"}
+                if isinstance(m.get("content"), str) else m for k, m in enumerate(messages)]
+        try:
+            skeleton = render(chat)
+        except TokenizerError:
+            return None
+        parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", skeleton)
+        return parts[0::2], [int(k) for k in parts[1::2]]
+
+    def _piece_ids(self, piece: str) -> list[int]:
+        """A template piece's ids, its markers control tokens (cached: the same pieces come
+        back with every prompt of a task)."""
+        ids = self._pieces.get(piece)
+        if ids is None:
+            if len(self._pieces) >= _PIECES_CACHED:
+                self._pieces.clear()
+            ids = self._pieces[piece] = self._hf.encode(piece, add_special_tokens=False).ids
+        return ids
+
+    def _spells_control(self, text: Any) -> bool:
+        """Whether ``text`` holds an added token's spelling as it is."""
+        return (isinstance(text, str) and self._spellings is not None
+                and self._spellings.search(text) is not None)
+
+    @staticmethod
+    def _entangled() -> TokenizerError:
+        return TokenizerError(
+            "a message spells a control token and the chat template rewrites message "
+            "text, so it cannot be kept apart from the template's own markers",
+            "remove special-token text such as '<|im_end|>' from the input")
 
     def _compiled_template(self) -> jinja2.Template:
         if self._template is None:

@@ -2,8 +2,11 @@
 
 Each sample is ``{"task", "kind", "input", "output"}``: ``input`` validates against the task's
 ``input_schema``, ``output`` against its ``output_schema`` and its semantic validators (ST
-syntax and identifiers, fault-tree analysis, diagnosis consistency). ``kind`` names the ST
-archetype or the asset the sample was built from (for logs and coverage; not model input).
+syntax and identifiers, fault-tree analysis, what code knows of a diagnosis request), and
+the request's narrowed grammar lets it through (``rung.daemon.tasks.shaping``: a diagnosis
+with the states and prognosis code computes, a fault tree written top-down). ``kind`` names
+the ST archetype or the asset the sample was built from (for logs and coverage; not model
+input).
 
 Generation is deterministic: one ``random.Random(seed)`` deals the tasks round-robin, the
 archetypes/assets from reshuffled decks and a sub-seed per sample; no global state, no clock.
@@ -89,8 +92,10 @@ def describe(sample: dict[str, Any]) -> str:
     if task == "diagnosis":
         states = [r.get("state") for r in out.get("state_detection", [])]
         counts = ", ".join(f"{states.count(s)} {s}" for s in ("normal", "alert", "alarm"))
-        return (f"diagnosis[{kind}] {data.get('asset')!r}: {counts}; "
-                f"{len(out.get('health_assessment', []))} faults, priority "
+        history = sum(1 for p in data.get("points", []) if p.get("history"))
+        return (f"diagnosis[{kind}] {data.get('asset')!r}: {counts}, {history} with history; "
+                f"{len(out.get('health_assessment', []))} faults, prognosis "
+                f"{out.get('prognosis', {}).get('status')}, priority "
                 f"{out.get('advisory', {}).get('priority')}, {size} chars")
     return f"{task}[{kind}]: {size} chars"
 

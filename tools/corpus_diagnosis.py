@@ -1,10 +1,13 @@
 """The ``diagnosis`` task of the corpus: an ISO 13374 style diagnosis of an asset snapshot.
 
 A scenario (zero to two compatible fault modes of the asset) sets some points to alert or
-alarm; the answer is then derived from the input alone: states as
-``rung.daemon.tasks.validate.expected_state`` computes them, the fault modes whose signatures the
-abnormal points match (a differential, ranked), a prognosis when the description gives a
-trend, and an advisory whose priority follows the worst state.
+alarm; about half the snapshots carry each relevant point's ``history`` (a drift toward
+the limit, a step, a recovery or a flat line, with noise). The answer is what code knows
+of the input (``rung.daemon.tasks.diagnosis``: the states, the prognosis the histories give
+or ``not_assessed`` with code's reason, the priorities the worst state allows) and what a
+maintenance engineer adds: the fault modes whose signatures the abnormal points match (a
+differential, ranked, each citing its points in snapshot order), a note on the prognosis
+and an advisory.
 """
 
 from __future__ import annotations
@@ -12,8 +15,20 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from rung.daemon.tasks import diagnosis
 from rung.daemon.tasks.validate import expected_state
-from rung.tools.corpus_plant import ASSETS, FAULTS, HIGH, LOW, NORMAL, SWITCHES, Asset, label, point
+from rung.tools.corpus_plant import (
+    ASSETS,
+    FAULTS,
+    HIGH,
+    LOW,
+    NORMAL,
+    SWITCHES,
+    Asset,
+    label,
+    point,
+    sample_times,
+)
 
 CONTEXT = ("Routine round, values read from the HMI.", "Running at full load since shift start.",
            "Snapshot taken during normal production.", "Unit restarted after a weekend stop.",
@@ -37,11 +52,18 @@ def _scenario(rng: random.Random, asset: Asset) -> dict[str, str]:
     return symptoms
 
 
-def _points(rng: random.Random, asset: Asset, symptoms: dict[str, str]) -> list[dict[str, Any]]:
+Drawn = dict[str, str]  # point name -> the state its value was drawn in
+
+
+def _points(rng: random.Random, asset: Asset,
+            symptoms: dict[str, str]) -> tuple[list[dict[str, Any]], Drawn]:
+    """The snapshot's points (the symptoms and a few others; the asset's fault switches
+    declared as fault flags) and the state each numeric point was drawn in."""
     others = [k for k in asset.points if k not in symptoms]
     extra = rng.sample(others, min(len(others), rng.randint(2, 5)))
     keys = [k for k in asset.points if k in symptoms or k in extra]
     points: list[dict[str, Any]] = []
+    drawn: Drawn = {}
     offline = rng.choice(extra) if extra and rng.random() < 0.06 else None
     for key in keys:
         p = point(asset, key)
@@ -53,13 +75,40 @@ def _points(rng: random.Random, asset: Asset, symptoms: dict[str, str]) -> list[
         if p.limits() and (key in symptoms or rng.random() < 0.9):
             item["limits"] = p.limits()
         points.append(item)
+        drawn[item["name"]] = state
     for sw in asset.switches:
         if rng.random() < 0.35:
             names, healthy = SWITCHES[sw]
-            active = sw == "filter_switch" and rng.random() < 0.3
-            points.append({"name": rng.choice(names), "value": (not healthy) if active
-                           else healthy})
-    return points
+            item = {"name": rng.choice(names), "value": healthy}
+            if sw == "filter_switch":   # a fault flag: its limits say which value is abnormal
+                item["value"] = (not healthy) if rng.random() < 0.3 else healthy
+                item["limits"] = {rng.choice(("alert", "alert", "alert", "alarm")): not healthy}
+            points.append(item)
+    return points, drawn
+
+
+def _histories(rng: random.Random, asset: Asset, points: list[dict[str, Any]],
+               drawn: Drawn) -> None:
+    """About half the snapshots: each relevant point's ``history`` (every numeric point, as
+    a PLC's register map keeps them, or the abnormal ones and a few others)."""
+    if rng.random() < 0.5:
+        return
+    numeric = [p for p in points if p["name"] in drawn and p["value"] is not None]
+    if not numeric:
+        return
+    if rng.random() < 0.3:
+        chosen = numeric
+    else:   # a point in alarm already has no life left: its history is less often sent
+        odds = {NORMAL: 0.25, "alert": 1.0, "alarm": 0.35}
+        chosen = [p for p in numeric if rng.random() < odds[drawn[p["name"]]]]
+        if not chosen:
+            judged = [p for p in numeric if p.get("limits")] or numeric
+            chosen = rng.sample(judged, min(len(judged), rng.randint(1, 2)))
+    by_name = {n: k for k in asset.points for n in point(asset, k).names}
+    times = sample_times(rng)
+    for p in chosen:
+        p["history"] = point(asset, by_name[p["name"]]).history(rng, p["value"], times,
+                                                                drawn[p["name"]])
 
 
 def _observe(asset: Asset, points: list[dict[str, Any]]) -> dict[str, tuple[str, str, str]]:
@@ -76,31 +125,6 @@ def _observe(asset: Asset, points: list[dict[str, Any]]) -> dict[str, tuple[str,
             LOW if state != NORMAL else NORMAL)
         out[key] = (p["name"], state, side)
     return out
-
-
-def _states(points: list[dict[str, Any]], rng: random.Random) -> list[dict[str, str]]:
-    rows = []
-    for p in points:
-        limits = p.get("limits") or {}
-        state = expected_state(p["value"], limits)
-        if p["value"] is None:
-            rows.append({"point": p["name"], "state": "alert", "note": "no reading (offline)"})
-        elif isinstance(p["value"], bool):
-            if p["name"].startswith("filter") and p["value"]:
-                rows.append({"point": p["name"], "state": "alert", "note": "switch active"})
-        elif state is not None:
-            row = {"point": p["name"], "state": state}
-            if state != NORMAL and rng.random() < 0.5:
-                row["note"] = _limit_note(p["value"], limits, state)
-            rows.append(row)
-    return rows
-
-
-def _limit_note(value: float, limits: dict[str, float], state: str) -> str:
-    key = ("alarm" if state == "alarm" else "alert") if "alert" in limits else (
-        "low_alarm" if state == "alarm" else "low_alert")
-    word = "above" if key in ("alert", "alarm") else "below"
-    return f"{value} {word} {key} {limits[key]:g}"
 
 
 Finding = tuple[dict[str, Any], tuple[str, ...]]  # health_assessment item, its actions
@@ -148,47 +172,63 @@ def _sensor_faults(points: list[dict[str, Any]]) -> list[Finding]:
                          "component": f"{p['name']} transmitter", "confidence": 0.7,
                          "evidence": [p["name"]]},
                         (f"Check the {p['name']} transmitter and its wiring",)))
-        elif p["value"] is True and p["name"].startswith("filter"):
+        elif isinstance(p["value"], bool) and expected_state(
+                p["value"], p.get("limits") or {}) not in (None, NORMAL):
             out.append(({"fault": "Filter element clogged", "component": "filter",
                          "confidence": 0.6, "evidence": [p["name"]]},
                         ("Change the filter element",)))
     return out
 
 
-def _trend(rng: random.Random, asset: Asset, points: list[dict[str, Any]],
-           seen: dict[str, tuple[str, str, str]]) -> tuple[str, dict[str, Any]] | None:
-    """A trend sentence for the description and the prognosis it supports (alert points)."""
-    alerts = [(k, v) for k, v in seen.items() if v[1] == "alert"]
-    if not alerts or rng.random() < 0.45:
-        return None
-    key, (name, _, side) = rng.choice(alerts)
-    p = point(asset, key)
-    item = next(x for x in points if x["name"] == name)
-    value, limits, days = item["value"], item["limits"], rng.randint(3, 30)
-    past = round(rng.uniform(*p.normal), p.decimals)
-    if side == HIGH:
-        rate, limit, verb = (value - past) / (days * 24), limits["alarm"], "risen"
-        rul = (limit - value) / rate
-    else:
-        rate, limit, verb = (past - value) / (days * 24), limits["low_alarm"], "fallen"
-        rul = (value - limit) / rate
-    sentence = f"Trend: {name} has {verb} from {past} to {value} {p.unit} over {days} days."
-    return sentence, {"status": "assessed", "remaining_useful_life_h": max(0, round(rul)),
-                      "confidence": 0.5 if days >= 10 else 0.4,
-                      "note": f"linear extrapolation of {name} to the alarm limit {limit:g}"}
+def _in_snapshot_order(findings: list[Finding], points: list[dict[str, Any]]) -> None:
+    """Each fault's evidence in snapshot order (as the narrowed grammar spells the sets)."""
+    at = {p["name"]: i for i, p in enumerate(points)}
+    for item, _ in findings:
+        item["evidence"] = sorted(item["evidence"], key=at.__getitem__)
 
 
-def _advisory(rows: list[dict[str, str]], findings: list[Finding],
+def _note(rng: random.Random, prognosis: dict[str, Any], unit: str) -> str:
+    """The one thing of an assessed prognosis the model writes."""
+    name, limit, rul = prognosis["point"], prognosis["limit"], prognosis["remaining_useful_life_h"]
+    lo, hi = prognosis["remaining_useful_life_ci_h"]
+    rate = prognosis["trend_per_h"]
+    kind = "alarm" if rate > 0 else "low alarm"
+    if rul == 0:
+        return rng.choice((
+            f"{name} is at its {kind} limit {limit} {unit} already: no remaining life",
+            f"{name} has reached {limit} {unit}; act now, there is no margin left",
+        ))
+    verb = "rising" if rate > 0 else "falling"
+    return rng.choice((
+        f"{name} {verb} {abs(rate)} {unit}/h; at this rate it reaches {limit} {unit} in "
+        f"about {rul} h ({lo} to {hi} h)",
+        f"Trend of {name} over {prognosis['span_h']} h extrapolated to the {kind} limit "
+        f"{limit} {unit}: {lo} to {hi} h left",
+        f"{name} reaches its {kind} {limit} {unit} in about {rul} h if the trend holds",
+    ))
+
+
+def _advisory(f: diagnosis.Facts, findings: list[Finding], prognosis: dict[str, Any],
               rng: random.Random) -> dict[str, Any]:
-    alarms = sum(r["state"] == "alarm" for r in rows)
-    alerts = sum(r["state"] == "alert" for r in rows)
-    priority = ("critical" if alarms >= 2 else "high" if alarms else
-                "medium" if alerts else "low")
+    alarms = sum(r["state"] == "alarm" for r in f.states)
+    alerts = sum(r["state"] == "alert" for r in f.states)
+    soon = (prognosis["status"] == "assessed"
+            and prognosis["remaining_useful_life_ci_h"][0] < 24)
+    if not f.faults_possible:
+        priority = "low"
+    else:
+        priority = ("critical" if alarms >= 2 else "high" if alarms or soon else "medium")
+    allowed = diagnosis.priorities(f, diagnosis.builtin_floor())
+    assert priority in allowed, (priority, allowed)
     actions: list[str] = []
     if priority == "critical":
         actions.append("Stop the unit in a controlled way and lock out before inspection")
-    elif priority == "high":
+    elif priority == "high" and (alarms or alerts):
         actions.append("Reduce load and prepare a controlled shutdown")
+    if prognosis["status"] == "assessed":
+        lo = prognosis["remaining_useful_life_ci_h"][0]
+        actions.append(f"Plan the intervention on {prognosis['point']} within {lo} h"
+                       if lo > 0 else f"Act on {prognosis['point']} now: it is at its limit")
     for i, (_, todo) in enumerate(findings):
         actions += [a for a in (todo if i == 0 else todo[:1]) if a not in actions]
     if not actions:
@@ -199,22 +239,21 @@ def _advisory(rows: list[dict[str, str]], findings: list[Finding],
 def diagnosis_sample(rng: random.Random, asset_key: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """One ``(input, output)`` pair of the ``diagnosis`` task for ``asset_key``."""
     asset = ASSETS[asset_key]
-    points = _points(rng, asset, _scenario(rng, asset))
-    seen = _observe(asset, points)
-    rows = _states(points, rng)
-    findings = (_sensor_faults(points) + _faults(asset, seen))[:4]
+    points, drawn = _points(rng, asset, _scenario(rng, asset))
+    _histories(rng, asset, points, drawn)
     data: dict[str, Any] = {"asset": label(rng, asset)}
-    trend = _trend(rng, asset, points, seen)
-    if trend:
-        data["description"] = trend[0]
-        prognosis = trend[1]
-    else:
-        if rng.random() < 0.4:
-            data["description"] = rng.choice(CONTEXT)
-        reason = ("all points normal, nothing to extrapolate" if not findings
-                  else "single snapshot, no trend history")
-        prognosis = {"status": "not_assessed", "reason": reason}
+    if rng.random() < 0.4:
+        data["description"] = rng.choice(CONTEXT)
     data["points"] = points
-    output = {"state_detection": rows, "health_assessment": [f for f, _ in findings],
-              "prognosis": prognosis, "advisory": _advisory(rows, findings, rng)}
+    known = diagnosis.facts(data)
+    findings: list[Finding] = []
+    if known.faults_possible:
+        findings = (_sensor_faults(points) + _faults(asset, _observe(asset, points)))[:4]
+        _in_snapshot_order(findings, points)
+    prognosis = dict(known.prognosis)
+    if prognosis["status"] == "assessed":
+        unit = next(p.get("unit", "") for p in points if p["name"] == prognosis["point"])
+        prognosis["note"] = _note(rng, prognosis, unit)
+    output = {"state_detection": known.states, "health_assessment": [f for f, _ in findings],
+              "prognosis": prognosis, "advisory": _advisory(known, findings, prognosis, rng)}
     return data, output

@@ -185,7 +185,7 @@ def _tree(rng: random.Random, asset: Asset, top: Top,
     for gate, desc, causes in branches:
         refs = [_cause(tree, asset, c) for c in causes]
         inputs.append(refs[0] if len(refs) == 1 else tree.gate(f"G_{gate}", "OR", refs, desc))
-    top_id = rng.choice(("G_TOP", "TOP"))
+    top_id = rng.choice(("G_TOP", "G_TOP", "G_TOP_EVENT"))
     if rng.random() < 0.04:  # rare non-coherent variant: only outside maintenance mode
         core = tree.gate("G_CAUSES", "OR", inputs, top.text)
         maint = tree.event(tree.ev + "MAINT_MODE", "Unit in maintenance mode (trip bypassed)",
@@ -194,13 +194,34 @@ def _tree(rng: random.Random, asset: Asset, top: Top,
         tree.gate(top_id, "AND", [core, inv], f"{top.text} during production")
     else:
         tree.gate(top_id, "OR", inputs, top.text)
-    tree.gates.insert(0, tree.gates.pop())  # the top gate first
     output: dict[str, Any] = {"top": top_id, "description": _description(rng, top, branches)}
     if tree.used_rate:
         output["mission_time_h"] = tree.mission
-    output["gates"] = tree.gates
-    output["basic_events"] = tree.events
+    output["gates"], output["basic_events"] = _top_down(top_id, tree.gates, tree.events)
     return output
+
+
+def _top_down(top_id: str, gates: list[dict[str, Any]],
+              events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The gates in the order the answer is written (the request's grammar): the top first,
+    then each gate after the gate that names it (depth first); the basic events in the
+    order the gates name them (inputs, then an INHIBIT's condition)."""
+    by_id = {g["id"]: g for g in gates}
+    ordered: list[dict[str, Any]] = []
+
+    def visit(gid: str) -> None:
+        if gid in by_id and all(g["id"] != gid for g in ordered):
+            ordered.append(by_id[gid])
+            for ref in by_id[gid]["inputs"]:
+                visit(ref)
+
+    visit(top_id)
+    assert len(ordered) == len(gates), "a gate the top does not reach"
+    named = [ref for g in ordered for ref in [*g["inputs"], g.get("condition")]
+             if ref is not None and ref not in by_id]
+    rank = {eid: i for i, eid in enumerate(dict.fromkeys(named))}
+    assert set(rank) == {e["id"] for e in events}, "a basic event no gate names"
+    return ordered, sorted(events, key=lambda e: rank[e["id"]])
 
 
 def _description(rng: random.Random, top: Top,

@@ -60,6 +60,52 @@ class Point:
         value = round(x, self.decimals)
         return int(value) if self.decimals == 0 else value
 
+    def history(self, rng: random.Random, value: float, times: list[int],
+                state: str = NORMAL) -> list[list[float]]:
+        """``[[t, value], ...]`` at ``times`` ending at ``value`` (the snapshot's reading):
+        an abnormal point drifted there from its normal band (linearly, accelerating, by
+        a recent step, or is coming back from worse), a normal one is flat or drifts within
+        the band; with noise, rounded like the point's readings."""
+        lo, hi = self.normal
+        n = len(times)
+        band = hi - lo
+        if state == NORMAL:
+            shape = rng.choices(("flat", "drift"), (0.7, 0.3))[0]
+            start = value if shape == "flat" else rng.uniform(lo, hi)
+            sigma = band * rng.uniform(0.01, 0.05)
+        else:
+            shape = rng.choices(("linear", "accelerating", "step", "recovering"),
+                                (0.5, 0.25, 0.1, 0.15))[0]
+            start = rng.uniform(lo, hi)
+            if shape == "recovering":   # it was worse and comes back toward the band
+                start = value + (value - start) * rng.uniform(0.2, 0.6)
+            sigma = abs(value - start) * rng.uniform(0.02, 0.1)
+        power = rng.uniform(1.5, 3.0) if shape == "accelerating" else 1.0
+        jump = n - rng.randint(1, 3)   # the step: flat until the last one to three samples
+        out: list[list[float]] = []
+        for i, t in enumerate(times):
+            s = i / (n - 1)
+            if i == n - 1:
+                x = value
+            elif shape == "step":
+                x = (start if i < jump else value) + rng.gauss(0.0, sigma)
+            else:
+                x = start + (value - start) * s ** power + rng.gauss(0.0, sigma)
+            x = round(max(0.0, x), self.decimals)
+            out.append([t, int(x) if self.decimals == 0 else x])
+        return out
+
+
+def sample_times(rng: random.Random) -> list[int]:
+    """The times of a history, in seconds, increasing: 10 to 60 samples a fixed period
+    apart (with a little jitter), relative to the first or unix times."""
+    n = rng.randint(10, 60)
+    dt = rng.choices((60, 300, 900, 1800, 3600, 7200, 14400, 28800),
+                     (1, 1, 1, 2, 3, 3, 2, 1))[0]
+    t0 = 0 if rng.random() < 0.5 else 1_700_000_000 + rng.randrange(0, 40_000_000, 60)
+    jitter = dt // 10
+    return [t0 + i * dt + (rng.randint(-jitter, jitter) if i > 0 else 0) for i in range(n)]
+
 
 def _p(key: str, names: str, unit: str, normal: tuple[float, float], decimals: int = 1,
        high: tuple[float, float] | None = None, low: tuple[float, float] | None = None) -> Point:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from rung.daemon.tasks.quality import Tally, judge
 from rung.daemon.tasks.runner import (
     FEEDBACK_FORMS,
     RETRY_MODES,
@@ -212,11 +213,15 @@ def handwritten(model_dir: Path, path: Path,
                 policy: RetryPolicy | None = None) -> dict[str, Any]:
     """Requests written by hand (``tests/data/handwritten.json``) answered as ``rung serve``
     answers them (gated engine, shapes, verified retries by ``policy``, default the
-    daemon's): per task the share valid, mean tries, mean seconds, the retries fed back and
-    resampled, and for st_code the share whose POU uses every value the request states."""
+    daemon's): per task the share **right** beside the share valid
+    (``daemon.tasks.quality``: every check a plant engineer would apply, ST by execution
+    against the request's test vectors, ``st_vectors``), why the others are not right,
+    mean tries, mean seconds, and the retries fed back and resampled."""
     policy = policy or RetryPolicy()
     requests = json.loads(path.read_text(encoding="utf-8"))
+    vectors = requests.get("st_vectors") or []
     out: dict[str, Any] = {"retry": _policy(policy)}
+    quality = Tally()
     with tempfile.TemporaryDirectory() as tmp:
         engine_dir = Path(tmp) / "gated"
         export(model_dir, engine_dir, ExportOptions(ffn_skip="trained"))
@@ -227,16 +232,17 @@ def handwritten(model_dir: Path, path: Path,
             t0 = time.perf_counter()
             results = [runner.run([(task, data)], SamplingParams(), retry=policy)[0]
                        for data in inputs]
+            for i, r in enumerate(results):
+                vec = vectors[i] if task == "st_code" and i < len(vectors) else None
+                quality.add(task, judge(task, r.validation, r.output, vec,
+                                        (r.error or {}).get("message")))
             entry: dict[str, Any] = {
-                "n": len(inputs), "valid": sum(r.ok for r in results) / len(inputs),
+                "n": len(inputs), **quality.report()[task],
+                "passed_checks": sum(r.ok for r in results) / len(inputs),
                 "mean_attempts": sum(r.attempts for r in results) / len(inputs),
                 "mean_s": (time.perf_counter() - t0) / len(inputs),
                 **_retries(runner, tally, task),
                 "failures": [(r.error or {}).get("message") for r in results if not r.ok]}
-            if task == "st_code":
-                rel = [bool((r.validation or {}).get("relevance", {}).get("ok"))
-                       for r in results if r.ok]
-                entry["uses_stated_values"] = sum(rel) / max(len(rel), 1)
             out[task] = entry
     return out
 

@@ -160,6 +160,8 @@ async def _ask_all(cfg: Any, inputs: dict[str, list[dict[str, Any]]],
 
 
 def _show(task: str, inputs: list[dict[str, Any]], replies: list[dict[str, Any]]) -> None:
+    from rung.daemon.tasks.quality import Tally, judge
+
     shown = next((r for r in replies if r.get("ok")), replies[0])
     data = inputs[replies.index(shown)]
     print(f"\n=== {task}: {next(iter(data.values()))}")
@@ -169,8 +171,12 @@ def _show(task: str, inputs: list[dict[str, Any]], replies: list[dict[str, Any]]
     else:
         err = shown.get("error") or {}
         print(f"--- not valid: {err.get('code')}: {err.get('message')}")
-    print(f"--- {sum(bool(r.get('ok')) for r in replies)} of {len(replies)} answers to "
-          f"held-out {task} instructions passed every check")
+    tally = Tally()
+    for r in replies:
+        tally.add(task, judge(task, r.get("validation"), r.get("output"),
+                              error=(r.get("error") or {}).get("message")))
+    print(f"--- held-out {task} instructions: {tally.right[task]} of {len(replies)} answers "
+          f"right (every check passed), {tally.valid[task]} of {len(replies)} valid")
     usage = shown.get("usage")
     if usage:
         print(f"    {usage['prompt_tokens']} prompt tokens ({usage['cached_tokens']} from the "

@@ -31,6 +31,10 @@ retried for as long as the PLC keeps the request up, never by running the model 
 request found acknowledged but neither done nor answered (``ack_seq == req_seq``, ``done ==
 0``, no kept answer: rung stopped during the job) is run again from the snapshot on
 (``resumed``).
+
+A map with ``history: {keep, every_s}`` has the loop also read a snapshot every
+``every_s`` and keep the last ``keep`` (``Trends``); each diagnosis request gets them as its
+numeric points' ``history``, so its prognosis comes from a trend (docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -56,7 +61,9 @@ from rung.daemon.modbus.job import (
 )
 from rung.daemon.modbus.link import Link, ModbusError
 from rung.daemon.modbus.link_state import LinkState, Publish
-from rung.daemon.modbus.regmap import PlcMap
+from rung.daemon.modbus.regmap import History, PlcMap
+from rung.daemon.request import Request
+from rung.daemon.scheduler import Answer
 
 __all__ = ["ERR_CODES", "Plant", "PlcAgent", "Publish", "Submit"]
 
@@ -106,7 +113,11 @@ class PlcAgent:
                                  min(reconnect_max_s, hs.retry_max_s))
         self.metrics = metrics.plc if metrics is not None else PlcMetrics()
         self.metrics.add(plc.id)
-        self.diagnoser = Diagnoser(plc, link, submit, base_topic, timeout_s,
+        self.trends = Trends(plc.history) if plc.history is not None else None
+        self._submit = submit
+        self._next_sample = 0.0
+        self.diagnoser = Diagnoser(plc, link, submit if self.trends is None else self._with_history,
+                                   base_topic, timeout_s,
                                    Backoff(reconnect_min_s, reconnect_max_s),
                                    lambda op, n: self.metrics.failed(plc.id, op, n))
         self.store = AnswerStore(state_dir / f"{plc.id}.json", plc.id) if state_dir else None
@@ -159,6 +170,7 @@ class PlcAgent:
         if self.serving:   # the heartbeat says "rung sees your requests": only after a read
             await self._beat()
             await self._reconcile(regs)
+            await self._sample()
 
     def _link_ok(self) -> float:
         if self._down:
@@ -192,6 +204,28 @@ class PlcAgent:
         if await self._try("heartbeat write",
                            lambda: self.link.write_registers(hs.heartbeat, [value])):
             self.heartbeat, self._next_beat = value, now + hs.heartbeat_s
+
+    # -- the snapshots kept for the points' trends (the map's ``history``) ----------------
+
+    async def _sample(self) -> None:
+        """Keep a snapshot every ``history.every_s`` (a failed read is retried with backoff
+        like any operation)."""
+        if self.trends is None or time.monotonic() < self._next_sample:
+            return
+        trends = self.trends
+
+        async def read() -> None:
+            trends.add(time.time(), await self.link.read_snapshot())
+
+        if await self._try("history read", read):
+            self._next_sample = time.monotonic() + trends.spec.every_s
+
+    def _with_history(self, req: Request) -> asyncio.Future[Answer] | None:
+        """A diagnosis request with each point's kept history (the submit the diagnoser
+        uses when the map keeps history)."""
+        if self.trends is not None and req.task == "diagnosis":
+            req = replace(req, input=self.trends.attach(req.input, req.received))
+        return self._submit(req)
 
     # -- registers against what rung knows -----------------------------------------------
 
@@ -355,6 +389,40 @@ class PlcAgent:
         op.failures, op.next_at = 0, 0.0
         self.metrics.worked(self.plc.id, name)
         self.link.set_fault(name, None)
+
+
+class Trends:
+    """The last ``spec.keep`` snapshots of one PLC, newest last, handed to a diagnosis as
+    each numeric point's ``history`` (``[[t, value], ...]``, unix seconds, increasing; the
+    request's own value the newest sample)."""
+
+    def __init__(self, spec: History) -> None:
+        self.spec = spec
+        self.snapshots: deque[tuple[float, dict[str, Any]]] = deque(maxlen=spec.keep)
+
+    def add(self, t: float, snapshot: Mapping[str, Any]) -> None:
+        if not self.snapshots or t > self.snapshots[-1][0]:
+            self.snapshots.append((t, dict(snapshot)))
+
+    def attach(self, data: Mapping[str, Any], now: float) -> dict[str, Any]:
+        """``data`` (a diagnosis input) with the history of each numeric point; its values
+        are kept as a snapshot too."""
+        points = []
+        for p in data.get("points") or []:
+            value = p.get("value") if isinstance(p, Mapping) else None
+            if _numeric(value):
+                past = [[round(t, 3), s[p["name"]]] for t, s in self.snapshots
+                        if round(t, 3) < round(now, 3) and _numeric(s.get(p["name"]))]
+                if past:
+                    p = {**p, "history": [*past, [round(now, 3), value]]}
+            points.append(p)
+        self.add(now, {p["name"]: p.get("value") for p in points
+                       if isinstance(p, Mapping) and "name" in p})
+        return {**data, "points": points}
+
+
+def _numeric(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _differs(r: Regs, values: Regs) -> bool:

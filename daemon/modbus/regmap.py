@@ -218,6 +218,21 @@ class ReadBlock:
     points: tuple[Point, ...]
 
 
+# the diagnosis task takes at most 300 samples of a point's history: the kept snapshots and
+# the request's own
+HISTORY_MAX = 299
+
+
+@dataclass(frozen=True)
+class History:
+    """The snapshots rung keeps of a PLC for its points' trends: the last ``keep``, one
+    read every ``every_s`` seconds besides each request's own; a diagnosis gets them as
+    each numeric point's ``history`` (its prognosis, docs/tasks.md)."""
+
+    keep: int
+    every_s: float = 60.0
+
+
 @dataclass(frozen=True)
 class PlcMap:
     """A checked register map for one PLC.
@@ -235,6 +250,7 @@ class PlcMap:
     writable: frozenset[tuple[str, int]]
     path: Path | None = None
     fault_tree: dict[str, Any] | None = None
+    history: History | None = None
 
     def plan(self, max_gap: int = 8) -> list[ReadBlock]:
         """The snapshot's points in as few read requests as the map allows.
@@ -537,6 +553,7 @@ _POINT = {
 _WRITABLE = {"table": keyed.choice(*TABLES), "address": keyed.integer(0, 0xFFFF),
              "count": keyed.integer(1, 0x10000)}
 _FAULT_TREE = {"top_event": keyed.text(300), "system": keyed.text(2000)}
+_HISTORY = {"keep": keyed.integer(1, HISTORY_MAX), "every_s": _TIMEOUT}
 _TOP = {
     "id": keyed.text(64, ID_PATTERN, "1..64 letters, digits, '_' or '-' (an MQTT topic level)"),
     "description": keyed.text(2000, nullable=True),
@@ -547,6 +564,8 @@ _TOP = {
                       nullable=True),
     "fault_tree": keyed.section(lambda values, key: values, _FAULT_TREE, ("top_event",),
                            nullable=True),
+    "history": keyed.section(lambda values, key: History(**values), _HISTORY, ("keep",),
+                             nullable=True),
 }
 
 

@@ -5,7 +5,10 @@ A recorded message (``journal.Entry``) becomes either an ``MqttRequest`` (the sc
 already knows where to send its error: nothing raw travels past this module. The reply
 address is resolved in this order: MQTT v5 Response Topic, the payload's ``reply_to``,
 then ``{base}/res/{client}`` with the payload's ``client`` or, without one, rung's own
-client id. The payload forms are the ones in CONTRACTS.md.
+client id. The payload forms are the ones in CONTRACTS.md. A request's ``input`` is checked
+against its task's input schema here too (``Task.check_input``: duplicate point names,
+control characters in names, a POU named like an ST keyword ...), so that a bad input is
+answered ``bad_request`` before it takes a place in the queue.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from rung.daemon.mqtt.journal import Entry
 from rung.daemon.mqtt.topics import surrogate_path, text_problem, topic_problem
 from rung.daemon.request import Request
+from rung.daemon.tasks.task import TaskError
 
 _FIELDS = {"input", "id", "reply_to", "client", "session", "max_tokens", "temperature",
            "seed", "top_p", "top_k", "output_formats"}
@@ -197,6 +201,12 @@ def parse(entry: Entry, base: str, client_id: str, tasks: Mapping[str, Any],
         if OUTPUT_FORMATS[f] not in getattr(tasks[task], "validators", ()):
             return fail("bad_request", f"'output_formats': {f} is not offered for task "
                         f"{task!r}", doc)
+    check_input = getattr(tasks[task], "check_input", None)
+    if check_input is not None:
+        try:
+            check_input(doc["input"])
+        except TaskError as e:
+            return fail("bad_request", e.message, doc)
     deadline = entry.received + timeout_s
     if entry.expires is not None:
         deadline = min(deadline, entry.expires)

@@ -7,8 +7,9 @@ task's JSON schema when it reaches this module)::
      "gates": [{"id": "G_TOP", "type": "OR", "inputs": ["G1", "E_LEAK"]}, ...],
      "basic_events": [{"id": "E_LEAK", "probability": 0.01, "evidence": {...}}, ...]}
 
-:func:`analyze_fault_tree` checks what a schema cannot (references, cycles, gate arities,
-probabilities, evidence points) and, for a sound tree, computes
+:func:`analyze_fault_tree` checks what a schema cannot (references, cycles, gates the top
+does not reach, gate arities, probabilities, evidence points and the readings they quote,
+basic events named like gates) and, for a sound tree, computes
 
 * the exact top-event probability for independent basic events, from a reduced ordered BDD
   (the ``dd`` package, pure-Python ``dd.autoref`` backend): no rare-event or min-cut
@@ -28,7 +29,9 @@ a bound the answer lists the sets it could list, says so in a warning and sets
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -36,11 +39,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MISSION_TIME_H",
+    "GATE_PREFIX",
     "GATE_TYPES",
     "MAX_BDD_NODES",
     "MAX_CUT_SETS",
     "MAX_CUT_SET_ORDER",
     "analyze_fault_tree",
+    "point_reading",
 ]
 
 DEFAULT_MISSION_TIME_H: Final = 8760.0
@@ -55,6 +60,9 @@ MAX_EVENTS: Final = 400
 """Past this many basic events under the top the computation is not attempted."""
 
 GATE_TYPES: Final = ("AND", "OR", "ATLEAST", "NOT", "INHIBIT")
+GATE_PREFIX: Final = "G_"
+"""The fault-tree task names its gates ``G_...`` and no basic event so (the validator is
+told with ``gate_prefix``; the request's grammar writes gate ids only so)."""
 
 _CREATED_PER_SET: Final = 10  # cubes built while enumerating, per cube allowed in the answer
 
@@ -67,6 +75,8 @@ def analyze_fault_tree(
     tree: Mapping[str, Any],
     known_points: Collection[str] | None = None,
     *,
+    points: Mapping[str, Mapping[str, Any]] | None = None,
+    gate_prefix: str | None = None,
     max_cut_sets: int = MAX_CUT_SETS,
     max_order: int = MAX_CUT_SET_ORDER,
 ) -> dict[str, Any]:
@@ -77,6 +87,11 @@ def analyze_fault_tree(
             ``mission_time_h``, ``description``).
         known_points: the data points evidence may cite; when given, an evidence ``point``
             not in it is an error. ``None`` skips that check.
+        points: the input's points by name (``value``, ``unit``); an evidence that cites
+            one with a reading (:func:`point_reading`) must start its ``observation`` with
+            it: the same number within the precision it is written with, and the unit.
+        gate_prefix: when given, a basic event whose id starts with it is an error (it is
+            named like a gate: mostly a gate referenced and never written).
         max_cut_sets: most cut sets listed (also bounds intermediate sets).
         max_order: most events in a listed cut set.
 
@@ -85,7 +100,7 @@ def analyze_fault_tree(
 
         * ``ok``: no errors.
         * ``errors`` / ``warnings``: lists of ``{"path": "gates[2].inputs[1]", "message"}``.
-          Unreachable gates or events are warnings.
+          A gate the top does not reach is an error, an unreachable basic event a warning.
         * ``minimal_cut_sets``: lists of event ids (each sorted by id), sorted by size then
           lexicographically; for a non-coherent tree, prime implicants whose negated
           literals read ``"NOT <id>"``. ``[]``: the top event cannot occur; ``[[]]``: it
@@ -99,7 +114,7 @@ def analyze_fault_tree(
         * ``basic_event_probabilities``: ``{id: p}`` for every basic event whose numbers are
           valid (failure rates converted with ``1 - exp(-rate * mission_time_h)``).
     """
-    checker = _Checker(tree, known_points)
+    checker = _Checker(tree, known_points, points, gate_prefix)
     checker.run()
     result: dict[str, Any] = {
         "ok": not checker.errors,
@@ -135,9 +150,13 @@ class _Gate:
 class _Checker:
     """Collects errors and warnings, and the well-formed gates and events for the analysis."""
 
-    def __init__(self, tree: Mapping[str, Any], known_points: Collection[str] | None) -> None:
+    def __init__(self, tree: Mapping[str, Any], known_points: Collection[str] | None,
+                 points: Mapping[str, Mapping[str, Any]] | None = None,
+                 gate_prefix: str | None = None) -> None:
         self.tree = tree
         self.known_points = None if known_points is None else frozenset(known_points)
+        self.points = points or {}
+        self.gate_prefix = gate_prefix
         self.errors: list[_Issue] = []
         self.warnings: list[_Issue] = []
         self.gates: dict[str, _Gate] = {}  # first definition of each gate id
@@ -188,6 +207,10 @@ class _Checker:
                 seen[nid] = path
                 if key == "basic_events":
                     self.events[nid] = path
+                    if self.gate_prefix and nid.startswith(self.gate_prefix):
+                        self.error(f"{path}.id", f"basic event '{nid}' is named like a gate "
+                                                 f"({self.gate_prefix}...): a gate "
+                                                 "referenced and never written?")
                 else:
                     # Placeholder; filled by _check_gate (keeps first-definition order).
                     self.gates[nid] = _Gate(nid, path, "", [], 0, None)
@@ -330,6 +353,12 @@ class _Checker:
         elif self.known_points is not None and point not in self.known_points:
             self.error(f"{path}.evidence.point", f"evidence point '{point}' is not a known "
                                                  "data point")
+        elif point in self.points:
+            observation = evidence.get("observation")
+            wrong = _misquoted(observation if isinstance(observation, str) else "",
+                               self.points[point])
+            if wrong:
+                self.error(f"{path}.evidence.observation", f"{point}: {wrong}")
 
     def _check_cycles(self) -> None:
         """Report each cycle among gates once, at the input that closes it."""
@@ -381,7 +410,7 @@ class _Checker:
                     todo.append(ref)
         for gid, gate in self.gates.items():
             if gid not in reached:
-                self.warn(gate.path, f"gate '{gid}' is not reachable from top '{self.top}'")
+                self.error(gate.path, f"gate '{gid}' is not reachable from top '{self.top}'")
         for eid, path in self.events.items():
             if eid not in reached:
                 self.warn(path, f"basic event '{eid}' is not reachable from top "
@@ -390,6 +419,53 @@ class _Checker:
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def point_reading(point: Mapping[str, Any]) -> str | None:
+    """A point's reading as the task's prompt shows it (``42.5 A``, ``True``); None when
+    the point has no value."""
+    value = point.get("value")
+    if value is None:
+        return None
+    unit = point.get("unit")
+    return f"{value} {unit}" if isinstance(unit, str) and unit else str(value)
+
+
+_NUMBER = re.compile(r"\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)")
+
+
+def _misquoted(observation: str, point: Mapping[str, Any]) -> str | None:
+    """Why ``observation`` does not start with the point's reading (None: it does, or the
+    point has none): a number must equal the value within the precision it is written with
+    (``42`` or ``42.50`` for 42.5) and be followed by the unit; a boolean reads
+    true/false."""
+    value, unit = point.get("value"), point.get("unit")
+    if value is None or not (isinstance(value, bool) or _is_number(value)):
+        return None
+    reading = point_reading(point)
+    want = f"the observation must start with the reading '{reading}'"
+    if isinstance(value, bool):
+        word = re.match(r"\s*([A-Za-z]+)", observation)
+        ok = word is not None and word.group(1).lower() == str(value).lower()
+        return None if ok else want
+    m = _NUMBER.match(observation)
+    if m is None:
+        return want
+    number = float(value)
+    try:
+        written = Decimal(m.group(1))
+        exponent = written.as_tuple().exponent   # 42.50: -2, the last digit written
+        half = 0.5 * 10.0 ** exponent if isinstance(exponent, int) else 0.0
+        close = abs(float(written) - number) <= half * (1 + 1e-9) + 1e-12 * abs(number)
+    except (InvalidOperation, OverflowError):
+        close = False
+    if not close:
+        return f"it quotes {m.group(1)}, the point reads {value}; {want}"
+    rest = observation[m.end():].lstrip()
+    if isinstance(unit, str) and unit and not (
+            rest.startswith(unit) and not rest[len(unit):len(unit) + 1].isalnum()):
+        return f"the unit is not '{unit}'; {want}"
+    return None
 
 
 # --------------------------------------------------------------------------------------------

@@ -119,6 +119,20 @@ class RetryPolicy:
                 and time.monotonic() - prepared.started < self.budget_s)
 
 
+def _check_vectors(task: Task, data: Any) -> None:
+    """An ST request's test vectors run (``st_exec``): malformed ones are the request's
+    mistake, refused before any answer is written."""
+    vectors = data.get("vectors") if isinstance(data, Mapping) else None
+    if vectors is None or "st" not in task.validators:
+        return
+    from rung.daemon.tasks.st_exec import check_vectors
+
+    try:
+        check_vectors(vectors)
+    except ValueError as e:
+        raise TaskError(f"input vectors: {e}", "see docs/tasks.md, test vectors") from e
+
+
 def _fail(task: str, code: str, message: str,
           generation: Generation | None = None) -> TaskResult:
     return TaskResult(task, False, None, None, {"code": code, "message": message}, generation)
@@ -159,6 +173,7 @@ class TaskRunner:
             return _fail(name, "unknown_task", f"no task named {name!r}")
         try:
             task.check_input(data)
+            _check_vectors(task, data)
             ids = self.prompt_ids(task, data)
             row_params = replace(params, stop=(), max_tokens=min(
                 max_tokens or task.max_tokens, task.max_tokens))
@@ -234,7 +249,7 @@ class TaskRunner:
             messages += [{"role": "assistant", "content": failed.generation.text},
                          {"role": "user", "content": f"This answer was refused: {findings}. "
                                                      "Answer again without these errors."}]
-        return self.tokenizer.encode(self.render(messages), add_bos=None)
+        return self.tokenizer.encode_chat(messages, render=self.render)
 
     def _room_for(self, prompt_len: int, params: SamplingParams, failed: TaskResult) -> bool:
         """Whether a prompt of ``prompt_len`` tokens leaves a retry room for its answer:
@@ -352,7 +367,7 @@ class TaskRunner:
 
     def prompt_ids(self, task: Task, data: Any) -> list[int]:
         """The token ids of a request's prompt (system prompt + rendered user prompt)."""
-        return self.tokenizer.encode(self.render(task.messages(data)), add_bos=None)
+        return self.tokenizer.encode_chat(task.messages(data), render=self.render)
 
     def render(self, messages: list[dict[str, str]]) -> str:
         """The chat as text; a template without a system role gets the system prompt at

@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rung.daemon.tasks import st_grammar
+from rung.daemon.tasks import diagnosis, st_grammar, st_request
+from rung.daemon.tasks.fault_tree_shape import fault_tree_shape
 from rung.daemon.tasks.names import NamesAt
-from rung.daemon.tasks.validate import expected_state
 from rung.engines.grammar import Lark
 
 Schema = dict[str, Any]
@@ -50,102 +50,26 @@ def compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _point_names(data: Mapping[str, Any]) -> list[str]:
-    points = data.get("points")
-    if not isinstance(points, list):
-        return []
-    names = [p["name"] for p in points if isinstance(p, dict) and isinstance(p.get("name"), str)]
-    return list(dict.fromkeys(names))
-
-
 def state_detection(data: Mapping[str, Any]) -> list[dict[str, str]]:
     """Each point whose state its limits decide, in snapshot order (points without limits,
-    or with a non-numeric value, are left to the model's assessment)."""
-    out = []
-    for p in data.get("points") or []:
-        state = expected_state(p.get("value"), p.get("limits") or {})
-        if state is not None:
-            out.append({"point": p["name"], "state": state})
-    return out
+    or with a value the limits do not judge, are left to the model's assessment)."""
+    return diagnosis.states(data)
 
 
 def _diagnosis(schema: Schema, data: Mapping[str, Any]) -> Shape:
-    s = copy.deepcopy(schema)
-    names = _point_names(data)
-    props = s["properties"]
-    if names:
-        evidence = props["health_assessment"]["items"]["properties"]["evidence"]
-        evidence["items"] = {"enum": names}
-    states = state_detection(data)
-    props["state_detection"] = {"const": states}
-    return Shape(s, '{"state_detection":' + compact(states) + ",")
-
-
-EVENTS_MARK = '"basic_events":['
+    """What code knows of the snapshot (``daemon/tasks/diagnosis.py``): the states as the
+    answer's start; evidence only from the points that are not normal, each once; the
+    priorities the worst state allows; the prognosis from the points' history."""
+    narrowed, prefix = diagnosis.narrow(schema, data)
+    return Shape(narrowed, prefix)
 
 
 def _fault_tree(schema: Schema, data: Mapping[str, Any]) -> Shape:
-    s = copy.deepcopy(schema)
-    names = _point_names(data)
-    if names:
-        event = s["properties"]["basic_events"]["items"]["properties"]
-        event["evidence"]["properties"]["point"] = {"enum": names}
-    gates = s["properties"]["gates"]
-    gates["items"] = {"anyOf": _gate_kinds(gates["items"])}
-    return Shape(s, restage=lambda text: _declare_referenced(s, text))
-
-
-def _gate_kinds(gate: Schema) -> list[Schema]:
-    """A gate's schema per type, with the arity and fields its type needs: AND/OR at least
-    2 inputs; ATLEAST its k; NOT one input; INHIBIT one input and a condition."""
-    props = gate["properties"]
-
-    def kind(types: list[str], inputs: tuple[int, int], with_k: bool = False,
-             with_condition: bool = False) -> Schema:
-        p = {"id": props["id"], "type": {"enum": types}}
-        if with_k:
-            p["k"] = props["k"]
-        p["inputs"] = {**props["inputs"], "minItems": inputs[0], "maxItems": inputs[1]}
-        if with_condition:
-            p["condition"] = props["condition"]
-        p["description"] = props["description"]
-        required = ["id", "type", *(["k"] if with_k else []), "inputs",
-                    *(["condition"] if with_condition else [])]
-        return {"type": "object", "additionalProperties": False, "required": required,
-                "properties": p}
-
-    most = props["inputs"]["maxItems"]
-    return [kind(["AND", "OR"], (2, most)), kind(["ATLEAST"], (1, most), with_k=True),
-            kind(["NOT"], (1, 1)), kind(["INHIBIT"], (1, 1), with_condition=True)]
-
-
-def _declare_referenced(schema: Schema, text: str) -> Schema | None:
-    """Once the gates are written (the text reaches ``"basic_events":[``): the basic
-    events must be exactly the ids the top and the gates name that no gate declares, in
-    the order they were named, so no reference can dangle. (A gate input meant as a gate
-    that was never written becomes an undeveloped basic event.)"""
-    cut = text.find(EVENTS_MARK)   # the token that closed it may carry more ('[{"')
-    if cut < 0:
-        return None
-    try:
-        head = json.loads(text[:cut].rstrip(",") + "}")
-    except json.JSONDecodeError:
-        return None
-    gates = head.get("gates") or []
-    declared = {g.get("id") for g in gates}
-    named = [head.get("top")] + [ref for g in gates
-                                 for ref in [*g.get("inputs", []), g.get("condition")]]
-    needed = [r for r in dict.fromkeys(named) if isinstance(r, str) and r not in declared]
-    if not needed:
-        return None
-    s = copy.deepcopy(schema)
-    events = s["properties"]["basic_events"]
-    item = events.pop("items")
-    events["prefixItems"] = [
-        {**item, "properties": {**item["properties"], "id": {"const": r}}} for r in needed]
-    events["items"] = False
-    events["minItems"] = events["maxItems"] = len(needed)
-    return s
+    """Every gate under the top, gate and basic-event ids told apart, no reference
+    dangling, evidence quoting its point's reading (``daemon/tasks/fault_tree_shape.py``):
+    narrowed again after each token with a quote, as the tree is written."""
+    narrowed, restage = fault_tree_shape(schema, data)
+    return Shape(narrowed, restage=restage, restage_at='"')
 
 
 def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
@@ -170,9 +94,11 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
     item_props = item.get("properties") or {}
     if not _free_text(item_props.get("name")):
         return Shape(s)
+    # the numbers and durations the request states are the only ones the answer may write
+    numbers = st_request.literals(st_request.read(data))
     if _free_text(item_props.get("initial")):   # a literal, not free text after ':='
         item_props["initial"] = {**item_props["initial"],
-                                 "pattern": st_grammar.LITERAL_PATTERN}
+                                 "pattern": st_grammar.literal_pattern(numbers)}
         variables["items"] = item
     if not _free_text(props.get("body")):
         return Shape(s, names=st_grammar.names_at)
@@ -182,7 +108,8 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
 
     def restage(text: str) -> Lark | None:
         found = st_grammar.head_pou(text)
-        body = None if found is None else st_grammar.body_grammar(*found, after_body)
+        body = None if found is None else st_grammar.body_grammar(*found, after_body,
+                                                                  numbers)
         return None if body is None else Lark(body)
 
     return Shape(s, restage=restage, restage_at='"', names=st_grammar.names_at)

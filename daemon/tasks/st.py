@@ -457,6 +457,19 @@ def _is_function(name: str) -> bool:
     return name in STANDARD_FUNCTIONS or _is_conversion(name)
 
 
+def reserved_kind(name: str) -> str | None:
+    """What IEC 61131-3 already calls ``name`` (case-insensitively), so a POU cannot take
+    it: "a keyword", "a type name", "a standard function block", "a standard function"
+    (conversions such as INT_TO_REAL included); None for a name of its own."""
+    key = name.upper()
+    for kind, table in (("a keyword", KEYWORDS),
+                        ("a type name", ELEMENTARY_TYPES | _GENERIC_TYPES),
+                        ("a standard function block", frozenset(FB_INPUTS))):
+        if key in table:
+            return kind
+    return "a standard function" if _is_function(key) else None
+
+
 def _has_no_members(type_name: str) -> bool:
     base = re.split(r"[\[(\s]", type_name, maxsplit=1)[0]
     return base in ELEMENTARY_TYPES or base == "ARRAY"
@@ -739,3 +752,22 @@ def validate_pou(pou: Mapping[str, Any]) -> dict[str, Any]:
         syntax = {"ok": not errors, "errors": errors}
     return {"text": r.text, "st_syntax": syntax,
             "identifiers": _check_identifiers(pou, r, parsed)}
+
+
+def assigned_names(text: str) -> list[str]:
+    """The variables a POU's body assigns (``x := ...;``, ``x[i] := ...;``), in order; FB
+    call arguments (``IN := ...``) are not assignments. Empty when the text does not
+    parse."""
+    parsed = _parse(text)
+    if parsed is None:
+        return []
+    tree, _ = parsed
+    names = []
+    for node in _walk(tree.root_node):
+        if node.type == "assignment_statement" and node.children:
+            target = node.children[0]
+            while target.type != "identifier" and target.children:
+                target = target.children[0]
+            if target.type == "identifier":
+                names.append(_text(target))
+    return names

@@ -71,9 +71,7 @@ REAL: /{_DIGITS}\.{_DIGITS}(?:[eE][+-]?[0-9]+)?/
 TIME: /(?:T|TIME|LTIME)#-?{_DURATION}/
 STRING: /'(?:[^'$\\"\x00-\x1f]|\$[$'LNPRTlnprt]|\$[0-9A-Fa-f]{{2}})*'/
 RANGE: /-?[0-9]+\.\.-?[0-9]+/
-literal: INT | BASED | REAL | TIME | STRING | "TRUE" | "FALSE"
 block: (stmt gap?)*
-assign: target sp? ":=" sp? expr sp? ";"
 if_stmt: "IF" sp expr sp "THEN" gap block elsif* else? "END_IF" sp? ";"
 elsif: "ELSIF" sp expr sp "THEN" gap block
 else: "ELSE" gap block
@@ -130,14 +128,36 @@ def _is_integer_like(type_text: str) -> bool:
     return type_text.upper() in INTEGER_TYPES
 
 
-def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
-                 ) -> str | None:
+def literal_pattern(numbers: Sequence[str] | None = None) -> str:
+    """The JSON schema pattern of a variable's initial value: one ST literal; with
+    ``numbers`` (a request's ``st_request.literals``), only those numbers. Durations stay
+    free (``T#1m30s`` is written many ways): the check holds them to the request."""
+    if numbers is None:
+        return LITERAL_PATTERN
+    # number texts are digits and ".": only "." needs escaping
+    nums = "|".join(n.replace(".", r"\.") for n in numbers)
+    return (rf"^(TRUE|FALSE|-?({nums})|(T|TIME|LTIME)#-?{_DURATION}"
+            rf"|'[^'$\\\"]*')$")
+
+
+def _literal_rule(numbers: Sequence[str] | None) -> list[str]:
+    if numbers is None:
+        return ['literal: INT | BASED | REAL | TIME | STRING | "TRUE" | "FALSE"']
+    return [f"NUMBER: {_alt(sorted(numbers, key=len, reverse=True))}",
+            'literal: NUMBER | TIME | STRING | "TRUE" | "FALSE"']
+
+
+def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = (),
+                 numbers: Sequence[str] | None = None) -> str | None:
     """The Lark grammar for the whole answer: ``head`` (the text up to and including
     ``"body":"``) as written, a body over ``pou``'s declarations, the closing quote, the
     properties the schema puts after the body (``after``: key, schema, required; compact
     JSON, in order) and the brace. None when the declarations cannot carry a grammar (no
-    usable name: the validators will say why)."""
-    plain: list[str] = []      # variables used as values and assignment targets
+    usable name: the validators will say why). A VAR_INPUT is read, never assigned.
+    ``numbers``: the only numeric literals the body may write (the request's stated
+    values, ``st_request.literals``); None: any."""
+    plain: list[str] = []      # variables used as values
+    writable: list[str] = []   # ... and as assignment targets (not VAR_INPUT)
     arrays: list[str] = []
     integers: list[str] = []   # FOR loop counters
     instances: dict[str, list[str]] = {}   # standard FB type -> its declared instances
@@ -154,17 +174,21 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
             arrays.append(name)
         else:
             plain.append(name)
-            if _is_integer_like(vtype):
-                integers.append(name)
+            if v.get("section") != "VAR_INPUT":
+                writable.append(name)
+                if _is_integer_like(vtype):
+                    integers.append(name)
     pou_name = str(pou.get("name", ""))
     if str(pou.get("pou_type", "")).upper() == "FUNCTION" and pou_name.upper() not in seen:
         plain.append(pou_name)
+        writable.append(pou_name)
     rules = ["start: HEAD gap? block TAIL tail",
              f"HEAD: {_lit(head)}",
              'TAIL: "\\""',
              "tail: " + " ".join(_member(*m) for m in after) + ' "}"',
              f"function: {_alt(sorted(STANDARD_FUNCTIONS))} | CONVERSION",
              f"CONVERSION: {_conversions()}",
+             *_literal_rule(numbers),
              ]
     statements = ["assign", "if_stmt", "case_stmt", "while_stmt", "repeat_stmt",
                   '"RETURN" sp? ";"', '"EXIT" sp? ";"']
@@ -174,9 +198,11 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
                   '(sp "BY" sp expr)? sp "DO" gap block "END_FOR" sp? ";"']
         statements.append("for_stmt")
     values = ["variable"] if plain else []
-    targets = ["variable"] if plain else []
+    targets = ["writable"] if writable else []
     if plain:
         rules.append(f"variable: {_alt(plain)}")
+    if writable:
+        rules.append(f"writable: {_alt(writable)}")
     if arrays:
         rules.append(f"array: {_alt(arrays)}")
         values.append('array sp? "[" sp? expr sp? "]"')
@@ -188,16 +214,21 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         rules += [f"inst_{key}: {_alt(names)}",
                   f"in_{key}: {_alt(ins)}",
                   f"out_{key}: {_alt(outs)}",
-                  f'arg_{key}: in_{key} sp? ":=" sp? expr | out_{key} sp? "=>" sp? target',
+                  f'arg_{key}: in_{key} sp? ":=" sp? expr'
+                  + (f' | out_{key} sp? "=>" sp? target' if writable or arrays else ""),
                   f'call_{key}: inst_{key} sp? "(" sp? (arg_{key} (sp? "," sp? arg_{key})*)? '
                   'sp? ")"']
         calls.append(f"call_{key}")
         values.append(f'inst_{key} "." (in_{key} | out_{key})')
         targets.append(f'inst_{key} "." in_{key}')
-    if not targets:
+    if not values:
         return None
     rules.append(f"value: {' | '.join(values)}")
-    rules.append(f"target: {' | '.join(targets)}")
+    if targets:
+        rules += [f"target: {' | '.join(targets)}",
+                  'assign: target sp? ":=" sp? expr sp? ";"']
+    else:   # nothing to assign (inputs only): calls and control flow remain
+        statements.remove("assign")
     if calls:
         rules.append(f"call: {' | '.join(calls)}")
         statements.append('call sp? ";"')

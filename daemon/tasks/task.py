@@ -5,13 +5,19 @@ token budget and the semantic validators to run. Loading refuses, naming the fil
 key: invalid YAML, a missing or mistyped key, an invalid schema, a schema keyword the
 constraint engine cannot enforce (never a fallback to unconstrained generation), a prompt
 template field that the input schema does not define, an unknown validator.
+
+An input schema may also use rung's own keywords (``INPUT_KEYWORDS``), which JSON Schema
+tools that do not know them ignore: ``uniqueBy`` (an array's objects differ in that key),
+``notReserved`` (a string is no name of that table, e.g. an IEC 61131-3 keyword), and
+``noControlCharacters`` (a string holds no C0, DEL or C1 character).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -22,6 +28,7 @@ import jinja2.sandbox
 import jsonschema
 
 from rung.daemon import keyed
+from rung.daemon.tasks import st
 from rung.daemon.tasks.validate import VALIDATORS
 from rung.engines.errors import RungError
 from rung.engines.grammar import unenforceable_keywords
@@ -41,6 +48,84 @@ class TaskError(RungError):
     """A task file is unusable, or a task input is invalid."""
 
 
+# -- rung's input keywords -----------------------------------------------------------------
+# notReserved's tables: a name -> what the table already calls it (None: free)
+NAME_TABLES: dict[str, Callable[[str], str | None]] = {
+    "iec61131-3": lambda name: (None if (kind := st.reserved_kind(name)) is None
+                                else f"{kind} in IEC 61131-3"),
+}
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")   # C0, DEL, C1
+
+
+def _unique_by(validator: Any, key: str, instance: Any, schema: Any,
+               ) -> Iterator[jsonschema.ValidationError]:
+    """``uniqueBy: KEY``: no two objects of the array have the same ``KEY``."""
+    if not validator.is_type(instance, "array"):
+        return
+    first: dict[Any, int] = {}
+    for i, item in enumerate(instance):
+        value = item.get(key) if isinstance(item, dict) else None
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            continue
+        if value in first:
+            yield jsonschema.ValidationError(
+                f"{value!r} is already the {key} of item {first[value]}; each item needs "
+                f"a {key} of its own", path=(i, key))
+        else:
+            first[value] = i
+
+
+def _not_reserved(validator: Any, table: str, instance: Any, schema: Any,
+                  ) -> Iterator[jsonschema.ValidationError]:
+    """``notReserved: TABLE``: the string is no name ``NAME_TABLES[TABLE]`` knows."""
+    if validator.is_type(instance, "string") and (kind := NAME_TABLES[table](instance)):
+        yield jsonschema.ValidationError(f"{instance!r} is {kind}; choose a name of its own")
+
+
+def _no_control_characters(validator: Any, on: bool, instance: Any, schema: Any,
+                           ) -> Iterator[jsonschema.ValidationError]:
+    """``noControlCharacters: true``: no C0 (U+0000-U+001F), DEL or C1 (U+0080-U+009F)
+    character; the message names its code point, never the character itself."""
+    if on and validator.is_type(instance, "string") and (m := _CONTROL.search(instance)):
+        yield jsonschema.ValidationError(
+            f"holds the control character U+{ord(m.group()):04X} at position {m.start()}; "
+            "names are printable text")
+
+
+INPUT_KEYWORDS: dict[str, tuple[Callable[..., Iterator[jsonschema.ValidationError]],
+                                Callable[[Any], bool], str]] = {
+    # keyword: (its check, what its value must be, that said in words)
+    "uniqueBy": (_unique_by, lambda v: isinstance(v, str), "a property name"),
+    "notReserved": (_not_reserved, lambda v: isinstance(v, str) and v in NAME_TABLES,
+                    f"a name table ({', '.join(NAME_TABLES)})"),
+    "noControlCharacters": (_no_control_characters, lambda v: isinstance(v, bool),
+                            "true or false"),
+}
+_InputValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator, {k: check for k, (check, _, _) in INPUT_KEYWORDS.items()})
+# where a schema holds schemas by name (a property named "uniqueBy" is no keyword)
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                          "dependentSchemas"})
+_VALUES = frozenset({"enum", "const", "default", "examples"})   # data, not schemas
+
+
+def _keywords(schema: Any, where: str = "") -> Iterator[tuple[str, str, Any]]:
+    """Each use of an input keyword in ``schema``: (where, keyword, value)."""
+    if not isinstance(schema, dict):
+        return
+    for k, v in schema.items():
+        if k in INPUT_KEYWORDS:
+            yield where, k, v
+        if k in _SCHEMA_MAPS and isinstance(v, dict):
+            for name, sub in v.items():
+                yield from _keywords(sub, f"{where}/{k}/{name}")
+        elif k not in _VALUES and isinstance(v, dict):
+            yield from _keywords(v, f"{where}/{k}")
+        elif k not in _VALUES and isinstance(v, list):
+            for i, sub in enumerate(v):
+                yield from _keywords(sub, f"{where}/{k}/{i}")
+
+
 @dataclass(frozen=True)
 class Task:
     name: str
@@ -53,10 +138,14 @@ class Task:
     validators: tuple[str, ...]
     path: Path
 
+    @cached_property
+    def _input_validator(self) -> Any:
+        return _InputValidator(self.input_schema)
+
     def check_input(self, data: Any) -> None:
-        """Raises TaskError naming the first violation of the input schema."""
-        err = jsonschema.exceptions.best_match(
-            jsonschema.Draft202012Validator(self.input_schema).iter_errors(data))
+        """Raises TaskError naming the first violation of the input schema (rung's input
+        keywords included)."""
+        err = jsonschema.exceptions.best_match(self._input_validator.iter_errors(data))
         if err is not None:
             where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
             raise TaskError(f"task {self.name}: input {where}: {err.message}",
@@ -136,6 +225,15 @@ def _check_schema(path: Path, key: str, schema: dict[str, Any]) -> None:
             raise TaskError(f"{path}: key '{key}' uses {', '.join(repr(b) for b in bad)}, "
                             "which constrained decoding cannot enforce",
                             "rewrite the schema without it")
+    for where, keyword, value in _keywords(schema):
+        if key == "output_schema":
+            raise TaskError(f"{path}: key '{key}' uses '{keyword}' at '{where or '/'}', "
+                            "which constrained decoding cannot enforce",
+                            "rung's own keywords check inputs: use it in input_schema")
+        _, valid, what = INPUT_KEYWORDS[keyword]
+        if not valid(value):
+            raise TaskError(f"{path}: key '{key}' at '{where or '/'}': '{keyword}' must be "
+                            f"{what}, got {value!r}")
 
 
 def _check_template(path: Path, template: str, input_schema: dict[str, Any]) -> None:

@@ -7,12 +7,12 @@ validators. Each contributes named sections to one ``validation`` object, every 
     identifiers  identifiers used in the body are declared        (validator "st")
     pou_text     the rendered POU (a string, not a section)       (validator "st")
     fault_tree   references, acyclicity, cut sets, probability    (validator "fault_tree")
-    diagnosis    points and states agree with the input snapshot  (validator "diagnosis")
+    diagnosis    states, evidence, priority, prognosis, names     (validator "diagnosis")
+                 against what code knows of the request
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,87 +29,97 @@ def check_schema(schema: Mapping[str, Any], output: Any) -> Section:
 
 
 def _st(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
-    from rung.daemon.tasks.st import validate_pou
+    """The POU parses and names only what it declares (valid); it uses the values the
+    request states, the building blocks its behaviour needs, and never assigns a VAR_INPUT
+    (right, as far as code can tell: ``st_request``). All gating."""
+    from rung.daemon.tasks import st_request
+    from rung.daemon.tasks.st import assigned_names, reserved_kind, validate_pou
 
     result = validate_pou(output)
-    return {"st_syntax": result["st_syntax"], "identifiers": result["identifiers"],
+    stated = st_request.read(data)
+    identifiers = result["identifiers"]
+    kind = reserved_kind(str(output.get("name", "")))
+    if kind is not None:   # a name the model chose (a request's name is refused earlier)
+        identifiers = {**identifiers, "ok": False, "errors": [*identifiers.get("errors", []), {
+            "path": "name", "message": f"the POU name {output.get('name')!r} is {kind} in "
+            "IEC 61131-3"}]}
+    return {"st_syntax": result["st_syntax"], "identifiers": identifiers,
             "pou_text": result["text"],
-            "relevance": stated_values_used(str(data.get("description", "")),
-                                            result["text"])}
+            "relevance": st_request.values_used(stated, result["text"]),
+            "building_blocks": st_request.blocks_used(stated, output),
+            "inputs": st_request.inputs_not_assigned(output, assigned_names(result["text"])),
+            **_behaviour(output, data)}
 
 
-# a number in a request, with the unit that follows it, if any
-_STATED = re.compile(r"(?<![\w.#])(\d+(?:\.\d+)?)\s*(ms|s|min|h|%|[a-zA-Z]+\d*)?")
-_TIME = re.compile(r"T#(\d+(?:\.\d+)?)(ms|s|m|h)", re.IGNORECASE)
-_LITERAL = re.compile(r"(?<![\w#])(\d+(?:\.\d+)?)(?![\w#])")
-_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+def _behaviour(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Section]:
+    """With the request's test vectors: the POU executed on a simulated clock gives the
+    expected outputs (``st_exec.run_vectors``)."""
+    vectors = data.get("vectors")
+    if not isinstance(vectors, Mapping):
+        return {}
+    from rung.daemon.tasks.st_exec import run_vectors
 
-
-def stated_values_used(description: str, pou_text: str) -> dict[str, Any]:
-    """Relevance, as far as code can check it: each time (``30 s``, ``500 ms``) and each
-    threshold with a unit the request states appears in the POU, as a numeric literal or a
-    TIME literal of the same duration (a percentage also as a fraction). Numbers inside
-    names (``P1``, ``line 2``) and bare counts are not taken as stated values. Reported,
-    not gating (``advisory``): a correct POU may compute a value instead of writing it."""
-    values = {float(v) for v in _LITERAL.findall(pou_text)}
-    seconds = {float(v) * _SECONDS[u.lower()] for v, u in _TIME.findall(pou_text)}
-    stated, missing = [], []
-    for number, unit in _STATED.findall(description):
-        if not unit:
-            continue
-        v = float(number)
-        u = unit if unit in _SECONDS or unit == "%" else "unit"
-        stated.append(f"{number} {unit}")
-        found = (v * _SECONDS[u] in seconds or v in values) if u in _SECONDS else (
-            v in values or (u == "%" and v / 100 in values))
-        if not found:
-            missing.append(f"{number} {unit}")
-    return {"ok": not missing, "advisory": True, "stated": stated,
-            "errors": [{"path": "body", "message": f"the request states {m}; the POU does "
-                        "not use it"} for m in missing]}
+    try:
+        run = run_vectors(output, vectors)
+    except ValueError as e:   # vectors the input schema let through but cannot run
+        return {"behaviour": {"ok": False, "errors": [{"path": "vectors", "message": str(e)}]}}
+    errors = [{"path": "body", "message": f"at t = {f.get('t')} s: {f.get('message') or f}"}
+              for f in run.get("failures") or []]
+    if run.get("error"):
+        errors.insert(0, {"path": "body", "message": str(run["error"])})
+    return {"behaviour": {"ok": bool(run.get("ok")), "errors": errors[:20]}}
 
 
 def _fault_tree(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Section]:
-    from rung.daemon.tasks.fault_tree import analyze_fault_tree
+    """The tree's checks and analysis; evidence names a point of the request and quotes its
+    reading; no basic event is named like a gate (``G_``)."""
+    from rung.daemon.tasks.fault_tree import GATE_PREFIX, analyze_fault_tree
 
     points = data.get("points")
     known = [p["name"] for p in points] if isinstance(points, list) else None
-    return {"fault_tree": analyze_fault_tree(output, known_points=known)}
+    by_name = ({p["name"]: p for p in reversed(points) if isinstance(p, dict)}
+               if isinstance(points, list) else None)
+    return {"fault_tree": analyze_fault_tree(output, known_points=known, points=by_name,
+                                             gate_prefix=GATE_PREFIX)}
 
 
-def expected_state(value: Any, limits: Mapping[str, float]) -> str | None:
-    """normal / alert / alarm from a value and its limits; None when not decidable."""
-    if not isinstance(value, int | float) or isinstance(value, bool) or not limits:
+def expected_state(value: Any, limits: Mapping[str, Any]) -> str | None:
+    """normal / alert / alarm from a value and its limits; None when not decidable.
+
+    A number against the numeric limits (``alarm``/``alert`` from above, ``low_alarm``/
+    ``low_alert`` from below); a boolean against the boolean ones (a fault flag:
+    ``{"alarm": true}`` is in alarm when true, ``{"alert": false}`` in alert when false).
+    """
+    if not limits:
         return None
-    if ("alarm" in limits and value >= limits["alarm"]) or (
-            "low_alarm" in limits and value <= limits["low_alarm"]):
+    if isinstance(value, bool):
+        flags = {k: v for k, v in limits.items() if k in ("alarm", "alert")
+                 and isinstance(v, bool)}
+        if not flags:
+            return None
+        return next((k for k in ("alarm", "alert") if k in flags and flags[k] is value),
+                    "normal")
+    if not isinstance(value, int | float):
+        return None
+    numeric = {k: v for k, v in limits.items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+    if not numeric:
+        return None
+    if ("alarm" in numeric and value >= numeric["alarm"]) or (
+            "low_alarm" in numeric and value <= numeric["low_alarm"]):
         return "alarm"
-    if ("alert" in limits and value >= limits["alert"]) or (
-            "low_alert" in limits and value <= limits["low_alert"]):
+    if ("alert" in numeric and value >= numeric["alert"]) or (
+            "low_alert" in numeric and value <= numeric["low_alert"]):
         return "alert"
     return "normal"
 
 
 def _diagnosis(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Section]:
-    points = {p["name"]: p for p in data.get("points", [])}
-    errors: list[dict[str, str]] = []
-    for i, s in enumerate(output.get("state_detection", [])):
-        p = points.get(s["point"])
-        if p is None:
-            errors.append({"path": f"state_detection/{i}/point",
-                           "message": f"unknown point {s['point']!r}"})
-            continue
-        want = expected_state(p.get("value"), p.get("limits") or {})
-        if want is not None and want != s["state"]:
-            errors.append({"path": f"state_detection/{i}/state",
-                           "message": f"{s['point']} = {p.get('value')} is {want} by its "
-                                      f"limits, not {s['state']}"})
-    for i, h in enumerate(output.get("health_assessment", [])):
-        for j, ev in enumerate(h.get("evidence", [])):
-            if ev not in points:
-                errors.append({"path": f"health_assessment/{i}/evidence/{j}",
-                               "message": f"unknown point {ev!r}"})
-    return {"diagnosis": {"ok": not errors, "errors": errors[:20]}}
+    """The answer against what code knows of the request (``daemon/tasks/diagnosis.py``):
+    states, evidence, faults, priority, prognosis, the names in free text."""
+    from rung.daemon.tasks.diagnosis import check
+
+    return {"diagnosis": check(output, data)}
 
 
 VALIDATORS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]] = {

@@ -228,6 +228,7 @@ def test_restart_restores_from_disk(tmp_path: Path) -> None:
     store = ColdStore(ENGINE, 1 << 20, state_dir=tmp_path)
     for i, dtype in enumerate(DTYPES):
         store.put(key(i), blocks[dtype])
+    assert store.close()                                        # written in the background
     assert sorted(p.name for p in (tmp_path / "kv").iterdir()) == sorted(
         f"{key(i)}.rkv" for i in range(3))
 
@@ -246,6 +247,7 @@ def test_ram_eviction_falls_back_to_disk(tmp_path: Path) -> None:
     store = ColdStore(ENGINE, int(entry_size() * 1.5), state_dir=tmp_path)
     store.put(key(0), kv_block(seed=0))
     store.put(key(1), kv_block(seed=1))                       # evicts 0 from RAM only
+    assert store.flush()
     assert store.stats()["entries_ram"] == 1 and store.stats()["entries_disk"] == 2
     assert key(0) in store
     assert_same(store.get(key(0)), kv_block(seed=0))
@@ -255,11 +257,14 @@ def test_ram_eviction_falls_back_to_disk(tmp_path: Path) -> None:
 def test_disk_budget_evicts_least_recently_used(tmp_path: Path) -> None:
     store = ColdStore(ENGINE, 1 << 20, state_dir=tmp_path)
     store.put(key(0), kv_block(seed=0))
+    assert store.close()
     file_size = (tmp_path / "kv" / f"{key(0)}.rkv").stat().st_size
     store = ColdStore(ENGINE, 0, state_dir=tmp_path, disk_budget_bytes=int(file_size * 2.5))
     store.put(key(1), kv_block(seed=1))
+    assert store.flush()
     assert store.get(key(0)) is not None                      # 0 used more recently than 1
     store.put(key(2), kv_block(seed=2))
+    assert store.flush()
     assert [key(i) in store for i in range(3)] == [True, False, True]
     assert not (tmp_path / "kv" / f"{key(1)}.rkv").exists()
 
@@ -281,6 +286,7 @@ def test_corrupt_files_are_dropped_at_start(tmp_path: Path,
     store = ColdStore(ENGINE, 1 << 20, state_dir=tmp_path)
     for i in range(5):
         store.put(key(i), kv_block(seed=i))
+    assert store.close()
     _flip_last_byte(_file(tmp_path, 0))                                      # checksum
     data = _file(tmp_path, 1).read_bytes()
     _file(tmp_path, 1).write_bytes(data[:len(data) // 2])                    # truncated
@@ -307,7 +313,9 @@ def test_corrupt_files_are_dropped_at_start(tmp_path: Path,
 
 def test_corruption_after_start_is_caught_on_read(tmp_path: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
-    ColdStore(ENGINE, 1 << 20, state_dir=tmp_path).put(key(0), kv_block())
+    first = ColdStore(ENGINE, 1 << 20, state_dir=tmp_path)
+    first.put(key(0), kv_block())
+    assert first.close()
     store = ColdStore(ENGINE, 1 << 20, state_dir=tmp_path)
     assert key(0) in store
     _flip_last_byte(_file(tmp_path, 0))
@@ -341,6 +349,7 @@ def test_two_threads_share_the_store(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert errors == []
+    assert store.flush()
     stats = store.stats()
     assert stats["entries_disk"] == 24 and stats["misses"] == 0
     assert stats["entries_ram"] <= 6

@@ -59,7 +59,9 @@ def test_disk_restore_after_restart(loaded: tuple[AnyEngine, Tokenizer], tmp_pat
     engine, tok = loaded
     prompt = _prompt(2, 50)
     plain = _run(engine, tok, prompt)
-    _run(engine, tok, prompt, _store(engine, tmp_path))
+    first = _store(engine, tmp_path)
+    _run(engine, tok, prompt, first)
+    assert first.store.close()                            # the process exits cleanly
     restarted = _store(engine, tmp_path)                  # a new process: disk only
     again = _run(engine, tok, prompt, restarted)
     assert again.cached_tokens == 48 and again.token_ids == plain.token_ids

@@ -9,6 +9,9 @@ from typing import Any
 import jsonschema
 import pytest
 
+from rung.daemon.tasks import diagnosis
+from rung.daemon.tasks.fault_tree import GATE_PREFIX
+from rung.daemon.tasks.shaping import Shape, compact, shape
 from rung.daemon.tasks.task import Task, load_tasks
 from rung.daemon.tasks.validate import validate_output
 from rung.tools.corpus import TASKS, describe, generate, main
@@ -123,23 +126,118 @@ def test_st_input_agrees_with_output(corpus: list[dict[str, Any]]) -> None:
             assert f"{out['name']} :=" in out["body"], describe(s)
 
 
-def test_diagnosis_priority_follows_severity(corpus: list[dict[str, Any]]) -> None:
-    for s in corpus:
-        if s["task"] != "diagnosis":
-            continue
-        out = s["output"]
-        states = {r["state"] for r in out["state_detection"]}
-        want = ({"high", "critical"} if "alarm" in states else
-                {"medium"} if "alert" in states else {"low"})
-        assert out["advisory"]["priority"] in want, describe(s)
+def _diagnoses(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [s for s in samples if s["task"] == "diagnosis"]
+
+
+def test_diagnosis_is_what_code_knows(corpus: list[dict[str, Any]]) -> None:
+    """States, prognosis and the priorities allowed as ``daemon/tasks/diagnosis.py``
+    computes them; evidence from abnormal points only, in snapshot order."""
+    for s in _diagnoses(corpus):
+        data, out = s["input"], s["output"]
+        known = diagnosis.facts(data)
+        assert out["state_detection"] == known.states, describe(s)
+        prognosis = {k: v for k, v in out["prognosis"].items() if k != "note"}
+        assert prognosis == known.prognosis, describe(s)
+        assert ("note" in out["prognosis"]) == (prognosis["status"] == "assessed"), describe(s)
+        priority = out["advisory"]["priority"]
+        assert priority in diagnosis.priorities(known, diagnosis.builtin_floor()), describe(s)
+        want = ({"high", "critical"} if known.worst == "alarm" else
+                {"medium", "high"} if known.worst == "alert" or known.faults_possible
+                else {"low"})
+        assert priority in want, describe(s)
         assert out["advisory"]["requires_human_confirmation"] is True
-        assessed = out["prognosis"]["status"] == "assessed"
-        assert assessed == ("Trend:" in s["input"].get("description", "")), describe(s)
-        abnormal = {r["point"] for r in out["state_detection"] if r["state"] != "normal"}
+        assert bool(out["health_assessment"]) == known.faults_possible, describe(s)
+        order = [p["name"] for p in data["points"]]
         for h in out["health_assessment"]:
             assert 0.2 <= h["confidence"] <= 0.95, describe(s)
-            assert set(h["evidence"]) <= abnormal, describe(s)
-        assert bool(out["health_assessment"]) == bool(abnormal), describe(s)
+            assert set(h["evidence"]) <= set(known.citable), describe(s)
+            assert h["evidence"] == sorted(h["evidence"], key=order.index), describe(s)
+
+
+def test_diagnosis_histories(corpus: list[dict[str, Any]]) -> None:
+    """A history is 10-60 increasing samples ending at the snapshot's reading; a prognosis
+    is assessed only from one."""
+    with_history = 0
+    for s in _diagnoses(corpus):
+        points = s["input"]["points"]
+        for p in points:
+            if "history" not in p:
+                continue
+            t = [x[0] for x in p["history"]]
+            assert 10 <= len(t) <= 60, describe(s)
+            assert all(b > a for a, b in zip(t, t[1:], strict=False)), describe(s)
+            assert p["history"][-1][1] == p["value"], describe(s)
+            assert not isinstance(p["value"], bool), describe(s)
+        has = any("history" in p for p in points)
+        with_history += has
+        if not has:
+            assert s["output"]["prognosis"] == {"status": "not_assessed",
+                                                "reason": diagnosis.NO_HISTORY}, describe(s)
+    assert 0.3 <= with_history / len(_diagnoses(corpus)) <= 0.7
+
+
+def test_diagnosis_fault_flags(corpus: list[dict[str, Any]]) -> None:
+    """A switch cited as evidence is a declared fault flag, set."""
+    for s in _diagnoses(corpus):
+        points = {p["name"]: p for p in s["input"]["points"]}
+        for h in s["output"]["health_assessment"]:
+            for name in h["evidence"]:
+                p = points[name]
+                if isinstance(p["value"], bool):
+                    flags = {k: v for k, v in p.get("limits", {}).items() if v is p["value"]}
+                    assert flags and set(flags) <= {"alert", "alarm"}, describe(s)
+
+
+def test_fault_tree_top_down(corpus: list[dict[str, Any]]) -> None:
+    """Gates ``G_...`` from the top down, basic events never so, in the order named."""
+    for s in corpus:
+        if s["task"] != "fault_tree":
+            continue
+        out = s["output"]
+        gates = [g["id"] for g in out["gates"]]
+        assert gates[0] == out["top"], describe(s)
+        assert all(g.startswith(GATE_PREFIX) for g in gates), describe(s)
+        assert not any(e["id"].startswith(GATE_PREFIX) for e in out["basic_events"])
+        for i, g in enumerate(out["gates"][1:], 1):
+            assert any(g["id"] in p["inputs"] for p in out["gates"][:i]), describe(s)
+
+
+def _stages(sh: Shape, text: str) -> list[Any]:
+    """The schemas the grammar follows while ``text`` is written (restaged as the runner
+    does, after each character ``restage_at``)."""
+    schemas = [sh.schema]
+    if sh.restage is not None:
+        for i, ch in enumerate(text):
+            if ch in sh.restage_at:
+                new = sh.restage(text[:i + 1])
+                if new is not None and new is not schemas[-1]:
+                    schemas.append(new)
+    return schemas
+
+
+@pytest.mark.parametrize("which", ["corpus", "corpus2"])
+def test_answers_fit_their_shapes(which: str, request: pytest.FixtureRequest,
+                                  tasks: dict[str, Task]) -> None:
+    """A diagnosis or fault-tree answer is one the request's narrowed grammar writes: it
+    starts with the prefix code computes and fits every stage's schema."""
+    failures = []
+    for i, s in enumerate(request.getfixturevalue(which)):
+        if s["task"] == "st_code":   # its stages are grammars (tests/daemon/tasks)
+            continue
+        task = tasks[s["task"]]
+        sh = shape(task.output_schema, task.validators, s["input"])
+        text = compact(s["output"])
+        if not text.startswith(sh.prefix):
+            failures.append(f"#{i} {describe(s)}: does not start with {sh.prefix[:200]}")
+            continue
+        for n, schema in enumerate(_stages(sh, text)):
+            errors = [e.message[:200] for e in
+                      jsonschema.Draft202012Validator(schema).iter_errors(s["output"])]
+            if errors:
+                failures.append(f"#{i} {describe(s)}: stage {n}: {errors[:2]}")
+                break
+    assert not failures, "\n".join(failures[:20])
 
 
 # --- coverage -------------------------------------------------------------------------------
@@ -155,8 +253,16 @@ def test_coverage(corpus: list[dict[str, Any]]) -> None:
     states = {r["state"] for s in corpus if s["task"] == "diagnosis"
               for r in s["output"]["state_detection"]}
     assert states == {"normal", "alert", "alarm"}
-    prognoses = {s["output"]["prognosis"]["status"] for s in corpus if s["task"] == "diagnosis"}
-    assert prognoses == {"assessed", "not_assessed"}
+    prognoses = {(any("history" in p for p in s["input"]["points"]),
+                  s["output"]["prognosis"]["status"],
+                  s["output"]["prognosis"].get("remaining_useful_life_h") == 0)
+                 for s in _diagnoses(corpus)}
+    # without history; with one: a remaining life, none left (in alarm), no trend
+    assert {(False, "not_assessed", False), (True, "assessed", False),
+            (True, "assessed", True), (True, "not_assessed", False)} <= prognoses
+    flags = {p["value"] for s in _diagnoses(corpus) for p in s["input"]["points"]
+             if isinstance(p["value"], bool) and p.get("limits")}
+    assert flags == {True, False}
 
 
 # --- describe and the CLI -------------------------------------------------------------------

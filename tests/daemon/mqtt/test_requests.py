@@ -266,3 +266,38 @@ def test_error_response_extra_fields() -> None:
                                      {"output": {"a": 1}, "validation": {"ok": False}}))
     assert body["ok"] is False and body["output"] == {"a": 1}
     assert body["validation"] == {"ok": False}
+
+
+@pytest.mark.parametrize(("topic", "task_input", "says"), [
+    ("st_code", {"description": "Motor", "name": "END_VAR"},
+     "task st_code: input name: 'END_VAR' is a keyword in IEC 61131-3"),
+    ("st_code", {"description": "Motor", "name": "ton"},
+     "input name: 'ton' is a standard function block in IEC 61131-3"),
+    ("diagnosis", {"asset": "Pump 3", "points": [{"name": "oil_temp", "value": 91},
+                                                 {"name": "oil_temp", "value": 60}]},
+     "input points/1/name: 'oil_temp' is already the name of item 0"),
+    ("diagnosis", {"asset": "Pump 3", "points": [{"name": "oil\u007ftemp", "value": 91}]},
+     "input points/0/name: holds the control character U+007F at position 3"),
+    ("fault_tree", {"top_event": "t", "system": "s",
+                    "points": [{"name": "p\u0085", "value": 1}]},
+     "input points/0/name: holds the control character U+0085 at position 1"),
+    ("diagnosis", {"asset": "Pump 3"}, "input (top level): 'points' is a required property"),
+])
+def test_an_input_its_task_refuses_is_a_bad_request_at_the_edge(
+        topic: str, task_input: dict[str, Any], says: str) -> None:
+    """The task's own input checks run at the edge: refused before the queue, answered
+    bad_request naming the field (and a control character by its code point only)."""
+    from rung.daemon.tasks.task import load_tasks
+
+    tasks = load_tasks()
+    got = parse(_entry({"input": task_input, "id": "r1"}, f"{BASE}/req/{topic}"), BASE,
+                CLIENT_ID, tasks, MAX_PAYLOAD, 30.0)
+    assert isinstance(got, Failure) and (got.code, got.task) == ("bad_request", topic), got
+    assert says in got.message and got.message.isprintable()
+    assert got.reply.id == "r1"
+    fine = {**task_input, "name": "Motor_1"} if topic == "st_code" else {
+        "asset": "Pump 3", "points": [{"name": "oil_temp", "value": 91}]}
+    if topic != "fault_tree":
+        ok = parse(_entry({"input": fine}, f"{BASE}/req/{topic}"), BASE, CLIENT_ID, tasks,
+                   MAX_PAYLOAD, 30.0)
+        assert isinstance(ok, MqttRequest) and ok.request.input == fine

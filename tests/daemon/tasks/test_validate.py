@@ -43,8 +43,11 @@ def test_good_diagnosis_passes() -> None:
 def test_state_contradicting_limits_is_flagged() -> None:
     ok, v = _check(_diagnosis(state_detection=[{"point": "oil_temp", "state": "normal"}]))
     assert not ok
-    assert v["diagnosis"]["errors"] == [{"path": "state_detection/0/state", "message":
-                                         "oil_temp = 91.0 is alarm by its limits, not normal"}]
+    assert v["diagnosis"]["errors"] == [
+        {"path": "state_detection/0/state",
+         "message": "oil_temp = 91.0 is alarm by its limits, not normal"},
+        {"path": "state_detection", "message": "pressure is alert by its limits and not listed"}]
+    assert not v["diagnosis"]["checks"]["states"] and v["diagnosis"]["checks"]["evidence"]
 
 
 def test_unknown_points_are_flagged() -> None:
@@ -54,7 +57,8 @@ def test_unknown_points_are_flagged() -> None:
                             "evidence": ["vibration"]}]))
     assert not ok
     assert [e["path"] for e in v["diagnosis"]["errors"]] == [
-        "state_detection/0/point", "health_assessment/0/evidence/0"]
+        "state_detection/0/point", "state_detection", "state_detection",   # oil_temp, pressure
+        "health_assessment/0/evidence/0"]
 
 
 def test_schema_violation_stops_semantic_checks() -> None:
@@ -69,20 +73,24 @@ def test_schema_violation_stops_semantic_checks() -> None:
     (50, {"alert": 70, "alarm": 85}, "normal"), (70, {"alert": 70, "alarm": 85}, "alert"),
     (85, {"alert": 70, "alarm": 85}, "alarm"), (79, {"low_alarm": 80}, "alarm"),
     (99, {"low_alert": 100, "low_alarm": 80}, "alert"), (True, {"alarm": 1}, None),
-    (None, {"alarm": 1}, None), (3, {}, None)])
+    (None, {"alarm": 1}, None), (3, {}, None),
+    # a fault flag: a boolean against the value its limits name
+    (True, {"alarm": True}, "alarm"), (False, {"alarm": True}, "normal"),
+    (False, {"alert": False}, "alert"), (5, {"alarm": True}, None)])
 def test_expected_state(value: Any, limits: dict[str, float], state: str | None) -> None:
     assert expected_state(value, limits) == state
 
 
 def test_relevance_finds_stated_values_in_the_pou() -> None:
-    from rung.daemon.tasks.validate import stated_values_used
+    from rung.daemon.tasks import st_request
 
     text = ("Compressor: run when pressure drops below 6.5 bar, stop above 7.5 bar, never "
             "restart within 60 s, pause 500 ms; fill to 20 %; pumps P1 and P2 on line 3.")
     pou = "IF p < 6.5 THEN run := TRUE; END_IF; t(PT := T#1m); t2(PT := T#0.5S); lvl < 0.2"
-    r = stated_values_used(text, pou)
+    r = st_request.values_used(st_request.read({"description": text}), pou)
     assert r["stated"] == ["6.5 bar", "7.5 bar", "60 s", "500 ms", "20 %"]  # not P1, line 3
     assert [e["message"] for e in r["errors"]] == [
         "the request states 7.5 bar; the POU does not use it"]
-    assert r["advisory"] is True and r["ok"] is False
-    assert stated_values_used("no numbers here", "x := 1;")["ok"] is True
+    assert "advisory" not in r and r["ok"] is False    # gating: the answer is retried
+    assert st_request.values_used(st_request.read({"description": "no numbers here"}),
+                                  "x := 1;")["ok"] is True

@@ -1,0 +1,253 @@
+"""What an st_code request states, read by code: the values it gives (``10 s``, ``6.5 bar``,
+``70 %``, bare counts) and the building blocks its behaviour needs (a delay needs a timer,
+an edge an edge detector, a count a counter).
+
+The answer is then held to it twice:
+
+- while it is written, the ST grammar offers only these values as the numbers it may write
+  (beside small integers and unit conversions; ``literals``), so a POU cannot invent a
+  setpoint the request did not give (durations stay free in the grammar: ``T#1m30s`` is
+  written many ways; the check holds them to the request);
+- when it is checked (``check``), every value stated with a unit appears in the POU (a
+  TIME literal of the same duration, or the number; a percentage also as a fraction), each
+  building block the request needs is declared and called, and no VAR_INPUT is assigned —
+  gating checks: an answer that fails them is retried.
+
+Where the request is silent (no number, no delay word) nothing is required.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# a number in a request, with the unit that follows it, if any ("8.5 bar", "30 s", "70 %")
+_STATED = re.compile(r"(?<![\w.#])(\d+(?:\.\d+)?)\s*(%|°C|[a-zA-Zµ]+\d*(?:/[a-zA-Z]+)?)?")
+_SECONDS = {"ms": 0.001, "msec": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
+            "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+            "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
+            "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0}
+_DUR_UNIT = r"(?:h|hrs?|hours?|min|mins|minutes?|s|secs?|seconds?|ms)"
+_PART = re.compile(rf"(\d+(?:\.\d+)?)\s*({_DUR_UNIT})\b", re.I)
+_COMPOUND = re.compile(rf"(?<![\w.#])\d+(?:\.\d+)?\s*{_DUR_UNIT}\b(?:\s*(?:and\s+)?"
+                       rf"\d+(?:\.\d+)?\s*{_DUR_UNIT}\b)+", re.I)
+_SIGNAL = re.compile(r"(?<![\w.])(-?10|0|4)\s*(?:\.\.|-|to)\s*(10|20)\s*(?:mA|V)\b")
+_EXAMPLE = re.compile(r"\b(e\.\s?g\.|for example|for instance|such as)(?:[^.;)]|\.(?!\s|$))*",
+                      re.I)
+
+
+def _is_unit(word: str) -> bool:
+    """A word after a number that is a unit ("m" is a metre in a request, never a minute:
+    that is "min"); counted things ("12 parts") count as units."""
+    if word in ("a", "an", "as", "at"):   # "A" is an ampere, "a" an article
+        return False
+    w = word.lower()
+    return w in _UNITS or (len(w) > 3 and (w.removesuffix("s") in _UNITS
+                                           or w.removesuffix("es") in _UNITS))
+# numbers a POU may always write: small integers (indices, states, booleans as numbers),
+# a step sequence's states (10, 20, ..., 100, 200, ...) and unit conversions (s/min/h/day,
+# ms, percent, 16-bit, 12-bit and 10-bit full scales, an S7 analog input's 27648)
+SMALL = tuple(str(i) for i in [*range(11), *range(20, 101, 10), *range(200, 1001, 100),
+                               3600, 86400, 255, 1023, 4095, 27648, 32767, 65535])
+
+_DURATION_WORDS = "ms|s|sec|secs|seconds?|min|mins|minutes?|h|hrs?|hours?"
+# what a counter counts: discrete events, not a totalised quantity (operating seconds)
+_COUNTED = (r"parts?|pieces?|pcs|items?|bottles?|boxes|cans?|bags?|pallets?|strokes?|"
+            r"cycles?|pulses?|press(es)?|push(es)?|starts?|trips?|events?|edges?|products?|"
+            r"packages?|cartons?|units?")
+# units a stated value may carry (a word after a number is otherwise not a unit: "3
+# voting", "500 are"); counted things are units too: "12 parts" must appear in the POU
+_UNITS = {u.lower() for u in (
+    "%", "bar", "mbar", "Pa", "kPa", "MPa", "hPa", "psi", "degC", "°C", "C", "K", "degF",
+    "A", "mA", "V", "mV", "kV", "W", "kW", "MW", "Hz", "rpm", "mm", "cm", "m", "km", "l", "L",
+    "ml", "m3", "kg", "g", "t", "N", "kN", "Nm", "ppm", "pH", "lux", "mm/s", "m/s",
+    "m3/h", "l/min", "l/h", "kg/h", "t/h", "bpm", "dB", "Ohm", "kOhm", "µm", "um")} | {
+    "part", "piece", "pcs", "item", "bottle", "box", "can", "bag", "pallet", "stroke", "cycle",
+    "pulse", "press", "push", "start", "trip", "event", "edge", "product", "package",
+    "carton", "unit"}
+
+# building blocks: the request's words -> the standard FB types one of which must be
+# declared and called (a table, not a chain of ifs)
+BLOCKS: dict[str, tuple[re.Pattern[str], tuple[str, ...]]] = {
+    "timer": (re.compile(rf"\b(delay(ed)?|timeout|time[- ]?out|debounce|on[- ]delay|"
+                         rf"off[- ]delay|run[- ]on|(after|for|within|longer than|more than|"
+                         rf"at least|pulse of|delay of|every|(stays?|persists?|remains?|"
+                         rf"is)( \w+)?) \d+(\.\d+)? ?({_DURATION_WORDS})\b|"
+                         rf"\d+(\.\d+)? ?({_DURATION_WORDS}) (after|later|delay|on|off|"
+                         rf"pulse|pause)\b)", re.I),
+              ("TON", "TOF", "TP")),
+    "edge": (re.compile(r"\b(rising edge|falling edge|edge|each press|every press|"
+                        r"each time|every time|push(es)? of|press(es)? of|once per)\b", re.I),
+             ("R_TRIG", "F_TRIG")),
+    "counter": (re.compile(rf"\b(CTU|CTD|CTUD|count(s|ing)? (the |each |every )?"
+                           rf"({_COUNTED})|batch(es)? of \d+|every \d+(st|nd|rd|th)|"
+                           rf"after \d+ ({_COUNTED})|\d+ ({_COUNTED}) (per|have passed|"
+                           rf"are counted))\b", re.I),
+                ("CTU", "CTD", "CTUD")),
+}
+
+
+@dataclass(frozen=True)
+class Value:
+    """One number the request states: its text, its unit (None: a bare number); ``label``
+    how the request wrote it, where that differs (``1 min 30 s`` for 90 s)."""
+
+    text: str
+    unit: str | None
+    label: str | None = None
+
+    def __str__(self) -> str:
+        return self.label or f"{self.text} {self.unit}"
+
+    @property
+    def number(self) -> float:
+        return float(self.text)
+
+    @property
+    def seconds(self) -> float | None:
+        u = (self.unit or "").lower()
+        return self.number * _SECONDS[u] if u in _SECONDS else None
+
+
+@dataclass(frozen=True)
+class Stated:
+    """What one request states."""
+
+    values: tuple[Value, ...]
+    needs: tuple[str, ...]    # keys of ``BLOCKS``
+
+    @property
+    def with_units(self) -> tuple[Value, ...]:
+        return tuple(v for v in self.values if v.unit is not None)
+
+
+def read(data: Mapping[str, Any]) -> Stated:
+    """The values and building blocks of an st_code request (its description and
+    constraints)."""
+    text = " ".join([str(data.get("description", "")),
+                     *(str(c) for c in data.get("constraints") or [])])
+    needs = [name for name, (words, _) in BLOCKS.items() if words.search(text)]
+    text = _EXAMPLE.sub(" ", text)   # "(e.g. 1.0 degC/s)": an example, not a value
+    # a standard signal range ("4..20 mA", "0..10 V") names the wiring: its numbers may be
+    # written, a POU that scales raw counts need not
+    text = _SIGNAL.sub(lambda m: f" {m.group(1)} {m.group(2)} ", text)
+    text = text.replace("..", " .. ")   # "0.0..16.0": two numbers
+    values: list[Value] = []
+    for m in _COMPOUND.finditer(text):   # "1 min 30 s": one duration of 90 s
+        total = sum(float(n) * _SECONDS[u.lower()] for n, u in _PART.findall(m.group(0)))
+        values.append(Value(_forms(round(total, 3))[0], "s", " ".join(m.group(0).split())))
+    text = _COMPOUND.sub(" ", text)
+    for number, unit in _STATED.findall(text):
+        u = unit if unit and (unit.lower() in _SECONDS or _is_unit(unit)) else None
+        v = Value(number, u)
+        if v not in values:
+            values.append(v)
+    return Stated(tuple(values), tuple(needs))
+
+
+def _forms(x: float) -> list[str]:
+    """ST literal texts of one number: ``70`` and ``70.0``; ``6.5``; ``0.7``."""
+    out = []
+    if x == int(x) and abs(x) < 1e15:
+        out += [str(int(x)), f"{int(x)}.0"]
+    else:
+        out.append(repr(x))
+    return out
+
+
+def literals(stated: Stated) -> list[str]:
+    """The numeric literal texts a POU for this request may write: the stated values (a
+    percentage also as its fraction, a count also one less: an array's last index) and
+    ``SMALL``."""
+    numbers: list[str] = []
+    for v in stated.values:
+        numbers += _forms(v.number)
+        if v.unit == "%":
+            numbers += _forms(v.number / 100)
+        if v.seconds is None and v.number == int(v.number) and 1 < v.number <= 10_000:
+            numbers += _forms(v.number - 1)
+    numbers += [s for i in SMALL for s in _forms(float(i))]
+    return _unique(numbers)
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+# -- the checks ------------------------------------------------------------------------
+
+_TIME_LIT = re.compile(r"\b(?:T|TIME|LTIME)#(-?[0-9_.a-zA-Z]+)", re.IGNORECASE)
+_UNIT_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|us|ns|d|h|m|s)", re.IGNORECASE)
+_NUMBER = re.compile(r"(?<![\w#.])(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?![\w#])")
+_PART_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6,
+                 "ns": 1e-9}
+
+
+def _time_seconds(text: str) -> float:
+    return sum(float(n) * _PART_SECONDS[u.lower()] for n, u in _UNIT_PART.findall(text))
+
+
+def _used(pou_text: str) -> tuple[set[float], set[float]]:
+    """The numbers and durations (seconds) a POU's text writes (comments excluded)."""
+    code = re.sub(r"\(\*.*?\*\)|//[^\n]*", " ", pou_text, flags=re.S)
+    seconds = {round(_time_seconds(t), 6) for t in _TIME_LIT.findall(code)}
+    plain = _TIME_LIT.sub(" ", code)
+    return {float(n) for n in _NUMBER.findall(plain)}, seconds
+
+
+def values_used(stated: Stated, pou_text: str) -> dict[str, Any]:
+    """Each value stated with a unit appears in the POU: a duration as a TIME literal of
+    the same length (or its number), anything else as the number (a percentage also as a
+    fraction)."""
+    numbers, seconds = _used(pou_text)
+    missing = []
+    for v in stated.with_units:
+        secs = v.seconds
+        found = (v.number in numbers or (secs is not None and round(secs, 6) in seconds)
+                 or (v.unit == "%" and round(v.number / 100, 9) in
+                     {round(n, 9) for n in numbers}))
+        if not found:
+            missing.append(str(v))
+    return {"ok": not missing, "stated": [str(v) for v in stated.with_units],
+            "errors": [{"path": "body", "message": f"the request states {m}; the POU does not "
+                        "use it"} for m in missing]}
+
+
+_STEPPED = re.compile(r"(?<![\w.])(\w+)\s*:=\s*\1\s*[-+]\s*1(?![\w.])", re.I)
+
+
+def blocks_used(stated: Stated, pou: Mapping[str, Any]) -> dict[str, Any]:
+    """Each building block the request needs: an instance of one of its FB types is
+    declared and called in the body (a counter may also be a variable the body steps by
+    one)."""
+    body = str(pou.get("body", ""))
+    declared: dict[str, list[str]] = {}
+    for v in pou.get("variables") or []:
+        if isinstance(v, Mapping):
+            declared.setdefault(str(v.get("type", "")).upper(), []).append(str(v.get("name")))
+    errors = []
+    for need in stated.needs:
+        types = BLOCKS[need][1]
+        names = [n for t in types for n in declared.get(t, [])]
+        called = [n for n in names if re.search(rf"(?<![\w.]){re.escape(n)}\s*\(", body, re.I)]
+        if need == "counter" and _STEPPED.search(body):
+            continue   # a count kept by hand (n := n + 1 on an edge) counts as well
+        if not called:
+            errors.append({"path": "variables", "message": (
+                f"the request needs a {need} ({'/'.join(types)}): "
+                + ("declare one and call it in the body" if not names else
+                   f"{names[0]} is declared but never called"))})
+    return {"ok": not errors, "needs": list(stated.needs), "errors": errors}
+
+
+def inputs_not_assigned(pou: Mapping[str, Any], assigned: Sequence[str]) -> dict[str, Any]:
+    """No VAR_INPUT is written by the POU (``assigned``: the names the body assigns)."""
+    inputs = {str(v.get("name", "")).upper(): str(v.get("name"))
+              for v in pou.get("variables") or []
+              if isinstance(v, Mapping) and v.get("section") == "VAR_INPUT"}
+    bad = _unique(inputs[a.upper()] for a in assigned if a.upper() in inputs)
+    return {"ok": not bad, "errors": [
+        {"path": "body", "message": f"{name} is a VAR_INPUT: the POU reads it, never assigns "
+         "it (declare an output or a local for what it computes)"} for name in bad]}
