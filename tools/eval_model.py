@@ -228,14 +228,16 @@ def handwritten(model_dir: Path, path: Path,
         runner = _runner(engine_dir)
         for task in ("st_code", "fault_tree", "diagnosis"):
             inputs = requests[task]
+            if task == "st_code":   # the vectors travel with the request: checked, retried
+                inputs = [{**data, "vectors": vectors[i]} if i < len(vectors) else data
+                          for i, data in enumerate(inputs)]
             tally = Counter(runner.retries)
             t0 = time.perf_counter()
             results = [runner.run([(task, data)], SamplingParams(), retry=policy)[0]
                        for data in inputs]
-            for i, r in enumerate(results):
-                vec = vectors[i] if task == "st_code" and i < len(vectors) else None
-                quality.add(task, judge(task, r.validation, r.output, vec,
-                                        (r.error or {}).get("message")))
+            for r in results:
+                quality.add(task, judge(task, r.validation, r.output,
+                                        error=(r.error or {}).get("message")))
             entry: dict[str, Any] = {
                 "n": len(inputs), **quality.report()[task],
                 "passed_checks": sum(r.ok for r in results) / len(inputs),

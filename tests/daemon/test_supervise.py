@@ -343,6 +343,8 @@ def test_every_long_lived_part_is_supervised(tmp_path: Path, broker: Broker,
 
         async def main(service: Any = service) -> set[str]:
             run = await _connected(service)
+            while "status" not in service.supervisor.parts:   # started once READY
+                await asyncio.sleep(0.01)
             parts = set(service.supervisor.parts)
             service._stopping.set()
             assert await run == 0

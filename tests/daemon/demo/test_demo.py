@@ -22,11 +22,17 @@ def test_demo_from_empty_cache_then_reuses_it(tmp_path: Path) -> None:
     assert "export verified" in first.stderr and "greedy agreement" in first.stderr
     for task in ("st_code", "fault_tree", "diagnosis"):
         assert f"=== {task}:" in first.stdout
-    assert first.stdout.count(" answers to held-out ") == 3
-    # at least 4 of 5 held-out answers per task pass every check (shapes and retries), and
-    # the diagnosis the PLC triggers is valid: err 0 handed back
-    valid = [int(n) for n in re.findall(r"--- (\d+) of 5 answers to held-out", first.stdout)]
-    assert len(valid) == 3 and all(n >= 4 for n in valid), valid
+    # per task, right beside valid (daemon/tasks/quality.py): at least 4 of 5 held-out
+    # answers valid; the fault trees and diagnoses right (code decides what it knows), the
+    # ST answers right as far as this model gets (docs/benchmarks.md); and the diagnosis
+    # the PLC triggers is valid: err 0 handed back
+    figures = dict((task, (int(right), int(valid))) for task, right, valid in re.findall(
+        r"--- held-out (\w+) instructions: (\d+) of 5 answers right \(every check "
+        r"passed\), (\d+) of 5 valid", first.stdout))
+    assert set(figures) == {"st_code", "fault_tree", "diagnosis"}, first.stdout
+    assert all(valid >= 4 for _, valid in figures.values()), figures
+    assert figures["fault_tree"][0] >= 4 and figures["diagnosis"][0] >= 4, figures
+    assert figures["st_code"][0] >= 1, figures
     assert "--- handed back to the PLC: err = 0 (success)" in first.stdout
     assert "writing ONNX graph" in first.stderr
     assert "daemon ready" in first.stderr and "=== metrics" in first.stderr
