@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -79,7 +80,9 @@ class Scheduler:
                  retry: RetryPolicy | None = None) -> None:
         self.runner, self.observe = runner, observe
         self.retry = retry            # verified retries of answers that fail validation
-        self.on_start = on_start      # told before the model starts on a request
+        self.on_start = on_start      # told before the model starts on a request (an
+        # awaitable it returns is awaited first: the start recorded off the event loop)
+        self._starting: list[Awaitable[object]] = []
         self.max_pending, self.max_batch = max_pending, max_batch
         self.stuck_after_s = stuck_after_s
         self.make_decoder = make_decoder or self._batch_decoder
@@ -148,6 +151,9 @@ class Scheduler:
                 if not self.queue:
                     await self._wake.wait()
                 continue
+            if self._starting:   # the starts recorded (durable) before the model starts
+                starting, self._starting = self._starting, []
+                await asyncio.gather(*starting, return_exceptions=True)
             self._arrived.clear()
             self.busy_since = time.monotonic()
             try:
@@ -171,7 +177,9 @@ class Scheduler:
                 continue
             try:
                 if self.on_start is not None:
-                    self.on_start(req)
+                    started = self.on_start(req)
+                    if inspect.isawaitable(started):
+                        self._starting.append(started)
             except Exception:   # bookkeeping must not keep a request from running
                 log.exception("recording the start of %s failed", req.ref)
             joining.append(req)

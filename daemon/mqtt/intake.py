@@ -11,6 +11,12 @@ is dropped.
 After a restart ``recover`` routes what the journal still holds pending; one the daemon
 died on ``journal.max_attempts`` times is quarantined (answered ``internal``, never run
 again). A bug while routing one request answers that request ``internal``, nothing else.
+
+``recover`` (``rung serve``'s start-up) also moves the journal's writes off the event loop
+(``Journal.attach``): from then on ``on_message`` returns a future that the link awaits
+before it acknowledges (resolved once the row is committed and checkpointed, in arrival
+order), ``started`` a future the scheduler awaits before the model starts, and the link
+publishes nothing before the journal has settled what was written before.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from rung.daemon.config import Config
 from rung.daemon.metrics import Metrics
 from rung.daemon.mqtt import requests as rq
 from rung.daemon.mqtt.journal import Entry, Incoming, Journal, JournalError
+from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.outbox import Outbox
 from rung.daemon.mqtt.requests import Address, MqttRequest
 from rung.daemon.request import Request
@@ -57,8 +64,9 @@ class MqttIntake:
 
     # -- intake --------------------------------------------------------------------------
 
-    def on_message(self, msg: Incoming) -> bool:
-        """Record, then route; True once the message is durable (the link acknowledges)."""
+    def on_message(self, msg: Incoming) -> bool | asyncio.Future[bool]:
+        """Record, then route; True once the message is durable (the link acknowledges).
+        With the journal attached: a future, True once recorded and routed."""
         if msg.retained:
             # a retained request replayed at subscribe time (MQTT 3.1.1; v5 subscribes with
             # Retain Handling 2 and never gets these): it was answered when it was
@@ -68,22 +76,73 @@ class MqttIntake:
             self.metrics.observe_request(None, "retained_replay")
             return True
         msg = replace(msg, claimed_id=rq.claimed_id(msg.payload, self.cfg.mqtt.max_payload_bytes))
+        if self.journal.attached:
+            return self._record_soon(msg)
         try:
             entry = self.journal.record(msg)
         except JournalError as e:
             self.metrics.set_storage(False)
             self._unrecorded(msg, e)
             return True
+        self._take(entry)
+        return True
+
+    def _record_soon(self, msg: Incoming) -> asyncio.Future[bool]:
+        """The journal attached: the message is parsed first (on a provisional row), so
+        that one refused at the edge is recorded already answered, in one write; the
+        future resolves once the journal holds it and it is routed."""
+        now = time.time()
+        parsed: MqttRequest | rq.Failure | None = None
+        answer = None
+        try:
+            mq = self.cfg.mqtt
+            provisional = Entry(0, msg.topic, msg.payload, msg.response_topic,
+                                msg.correlation, now,
+                                None if msg.expiry_s is None else now + msg.expiry_s)
+            parsed = rq.parse(provisional, mq.base_topic, mq.client_id, self.tasks,
+                              mq.max_payload_bytes, self.cfg.queue.request_timeout_s)
+            if isinstance(parsed, rq.Failure):
+                answer = (parsed.reply.topic, rq.error_response(
+                    parsed.reply, parsed.task, parsed.code, parsed.message))
+        except Exception:   # routed (and answered) from the recorded row as usual
+            parsed = None
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.journal.record_soon(msg, now, answer).add_done_callback(
+            partial(self._recorded, msg, parsed, done))
+        return done
+
+    def _recorded(self, msg: Incoming, parsed: MqttRequest | rq.Failure | None,
+                  done: asyncio.Future[bool], recorded: asyncio.Future[Entry | None]) -> None:
+        """The journal holds the message (or cannot): route it, then let the link
+        acknowledge it. Runs in arrival order (the journal's writes land in order)."""
+        ok = True
+        try:
+            err = recorded.exception()
+            if isinstance(err, JournalError):
+                self.metrics.set_storage(False)
+                self._unrecorded(msg, err)
+            elif err is not None:   # not recorded: left unacknowledged, redelivered later
+                ok = False
+                log.error("recording a request on %s failed", msg.topic, exc_info=err)
+            else:
+                self._take(recorded.result(), parsed)
+        finally:
+            if not done.done():
+                done.set_result(ok)
+
+    def _take(self, entry: Entry | None,
+              parsed: MqttRequest | rq.Failure | None = None) -> None:
         self.metrics.set_storage(True)
         if entry is None:
             self.metrics.observe_request(None, "duplicate")
         else:
-            self._route_or_fail(entry)
-        return True
+            self._route_or_fail(entry, parsed=_numbered(parsed, entry.seq))
 
     def recover(self) -> int:
-        """Re-queue requests recorded before a restart; answers left unpublished go out
-        once connected. Returns the requests re-queued."""
+        """Start-up: move the journal's writes to its writer thread (``attach``), re-queue
+        requests recorded before a restart; answers left unpublished go out once connected.
+        Returns the requests re-queued."""
+        self.attach()
         pending = self.journal.pending()
         for e in pending:
             self._route_or_fail(e, recovered=True)
@@ -91,16 +150,41 @@ class MqttIntake:
             log.info("recovered %d requests from the journal", len(pending))
         return len(pending)
 
-    def started(self, req: Request) -> None:
+    def attach(self) -> None:
+        """Journal writes off the event loop from here on (on the loop; once): failures
+        reach the metrics, and the link holds every publish until the journal has settled
+        the writes made before it (an answer is published only once it is recorded)."""
+        if self.journal.attached:
+            return
+        self.journal.attach(asyncio.get_running_loop())
+        self.journal.on_failure = lambda _err: self.metrics.set_storage(False)
+        link = getattr(self.outbox, "link", None)
+        if isinstance(link, MQTTLink):
+            link.hold = self.journal.settled
+
+    def started(self, req: Request) -> asyncio.Future[None] | None:
         """The scheduler's ``on_start``: count the attempt before the model starts (a
-        poison message is recognised after a restart)."""
+        poison message is recognised after a restart). With the journal attached, the
+        future the scheduler awaits before it starts the model (it never raises)."""
         m = self._open.get(id(req))
         if m is None:
-            return   # not from here: Modbus jobs live in the PLC's registers
+            return None   # not from here: Modbus jobs live in the PLC's registers
+        if self.journal.attached:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def counted(f: asyncio.Future[int]) -> None:
+                if f.exception() is not None:   # on_failure has told the metrics
+                    log.warning("request %d: its start could not be recorded (%s)", m.seq,
+                                f.exception())
+                done.set_result(None)
+
+            self.journal.started_soon(m.seq).add_done_callback(counted)
+            return done
         try:
             self.journal.started(m.seq)
         except JournalError:
             self.metrics.set_storage(False)
+        return None
 
     def expire(self, e: Entry) -> None:
         """Answer a recorded request ``expired`` without running it (a fleet hand-over)."""
@@ -123,9 +207,10 @@ class MqttIntake:
 
     # -- routing -------------------------------------------------------------------------
 
-    def _route_or_fail(self, entry: Entry, recovered: bool = False) -> None:
+    def _route_or_fail(self, entry: Entry, recovered: bool = False,
+                       parsed: MqttRequest | rq.Failure | None = None) -> None:
         try:
-            self._route(entry, recovered)
+            self._route(entry, recovered, parsed)
         except Exception as e:   # a bug in routing answers this request, nothing else
             # (and a recovered one is then not recovered again and again)
             log.exception("%srequest %d could not be routed", "recovered " if recovered
@@ -134,10 +219,12 @@ class MqttIntake:
                                      brief("routing the request failed", type(e).__name__),
                                      entry.received)
 
-    def _route(self, entry: Entry, recovered: bool) -> None:
+    def _route(self, entry: Entry, recovered: bool,
+               parsed: MqttRequest | rq.Failure | None = None) -> None:
         mq = self.cfg.mqtt
-        parsed = rq.parse(entry, mq.base_topic, mq.client_id, self.tasks,
-                          mq.max_payload_bytes, self.cfg.queue.request_timeout_s)
+        if parsed is None:
+            parsed = rq.parse(entry, mq.base_topic, mq.client_id, self.tasks,
+                              mq.max_payload_bytes, self.cfg.queue.request_timeout_s)
         if recovered and entry.attempts >= self.cfg.journal.max_attempts:
             self._quarantine(entry, parsed)
             return
@@ -224,6 +311,17 @@ class MqttIntake:
         except RungError as e:   # the answer stands; the extra form says why it is missing
             return {"output_formats": {"plcopen_xml": None, "error": e.message}}
         return {"output_formats": {"plcopen_xml": xml}}
+
+
+def _numbered(parsed: MqttRequest | rq.Failure | None,
+              seq: int) -> MqttRequest | rq.Failure | None:
+    """A message parsed before it had its journal row, given the row's number."""
+    if isinstance(parsed, rq.Failure):
+        return replace(parsed, seq=seq)
+    if isinstance(parsed, MqttRequest):
+        return replace(parsed, seq=seq, request=replace(parsed.request,
+                                                        ref=f"mqtt request {seq}"))
+    return None
 
 
 def _task(entry: Entry) -> str | None:

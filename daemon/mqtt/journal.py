@@ -21,16 +21,33 @@ packet id and content): two equal anonymous requests are two requests.
 
 A file that fails SQLite's integrity check is moved aside (``journal.db.corrupt-<time>``)
 and a new one started; nothing from it is used.
+
+Off the event loop (``attach``, what ``rung serve`` does): every write goes to one writer
+thread with its own connection, which takes whatever is queued (in order), runs it as one
+transaction, commits (one fsync) and checkpoints once, then hands the results back to the
+loop; the loop never waits on SQLite's I/O. The guarantees stay those above: a recorded
+request's future resolves (and the link acknowledges it) only after its commit and
+checkpoint; answers are published only after ``settled`` (every answer written before the
+publish is durable); the queue is one FIFO, so writes land in the order they were made.
+Reads stay on the caller's thread (WAL readers never wait for the writer) and see what
+the writer committed, plus the writes still in flight: an answer being written counts as
+answered, a delivery being marked no longer counts as undelivered.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import hashlib
 import logging
+import queue
 import shutil
 import sqlite3
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +76,8 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE INDEX IF NOT EXISTS entries_state ON entries(state);
 """
 
+
+MAX_BATCH = 256   # writes in one transaction of the writer thread
 
 # SQLite errors that mean the file itself is damaged or not our journal (SQLITE_ERROR: the
 # ``entries`` table or its columns are missing); any other error is not moved aside.
@@ -113,8 +132,28 @@ def dedupe_key(msg: Incoming) -> str:
     return f"anon:{msg.mid}:{h.hexdigest()}"
 
 
+Write = Callable[..., sqlite3.Cursor]   # (sql, args, checkpoint=True) -> cursor
+_ANSWER = ("UPDATE entries SET state = 'answered', reply_topic = ?, response = ?, "
+           "updated = ?, note = ? WHERE seq = ? AND state = 'pending'")
+
+
+@dataclass
+class _Op:
+    """One write for the writer thread: ``fn`` runs its statements through the batch's
+    ``write``; ``kind``/``seq`` say what the loop updates when it lands."""
+
+    fn: Callable[[Write], Any]
+    kind: str
+    seq: int = 0
+    future: asyncio.Future[Any] | None = None               # resolved on the loop
+    waiter: concurrent.futures.Future[Any] | None = None    # a blocking caller's
+    answers: bool = False    # writes an answer (``settled`` waits for it)
+    number: int = 0          # its place in the queue
+
+
 class Journal:
-    """The SQLite delivery journal of one daemon (use from one thread: the event loop)."""
+    """The SQLite delivery journal of one daemon. Without ``attach``: synchronous, from one
+    thread. Attached: writes in the writer thread, reads and bookkeeping on the loop."""
 
     def __init__(self, path: Path, retention_s: float = 7 * 86400.0) -> None:
         self.path, self.retention_s = Path(path), retention_s
@@ -122,6 +161,19 @@ class Journal:
         self.wal_damage: str | None = None   # what a damaged WAL tail held, at open
         self.healthy = True                  # False after a failed write, until one works
         self.last_error: str | None = None
+        # attached (``attach``): the writer thread and what is in flight, on the loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._closed = False
+        self._queued = self._landed = 0            # writes handed to / back from the thread
+        self._answer_ops: set[int] = set()         # answers in flight: queue numbers
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._answering: dict[int, Entry] = {}     # answers being written (or that failed)
+        self._marking: dict[int, _Op] = {}         # delivery marks in flight or to retry
+        self._retry: list[_Op] = []                # marks that failed, for the next write
+        self._handing: set[int] = set()            # hand-overs in flight
+        self.on_failure: Callable[[JournalError], None] | None = None   # on the loop
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._check_wal()
@@ -171,9 +223,8 @@ class Journal:
                           "a new one", self.path, self.moved_aside)
             elif db is not None:
                 db.close()
-        db = sqlite3.connect(self.path, isolation_level=None)
+        db = self._connect()
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
         db.executescript(SCHEMA)
         columns = {r[1] for r in db.execute("PRAGMA table_info(entries)")}
         for name, decl in (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("note", "TEXT")):
@@ -181,8 +232,216 @@ class Journal:
                 db.execute(f"ALTER TABLE entries ADD COLUMN {name} {decl}")
         return db
 
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None)
+        db.execute("PRAGMA synchronous=FULL")
+        return db
+
+    # -- attached: the writer thread ----------------------------------------------------
+
+    @property
+    def attached(self) -> bool:
+        return self._writer is not None
+
+    def attach(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Move every write to a writer thread of its own (once; ``rung serve`` does it at
+        start-up, on the event loop): writes queued from the loop land in order, each
+        batch one transaction, one fsync and one checkpoint."""
+        if self._writer is not None:
+            return
+        self._loop = loop or asyncio.get_running_loop()
+        self._writer = threading.Thread(target=self._write_loop, name="rung-journal",
+                                        daemon=True)
+        self._writer.start()
+
+    def _write_loop(self) -> None:
+        db: sqlite3.Connection | None = None
+        try:
+            db = self._connect()
+        except sqlite3.Error as e:   # every write fails: each says so
+            log.error("journal writer cannot open %s: %s", self.path, e)
+        while True:
+            first = self._queue.get()
+            ops = [first]
+            while first is not None and len(ops) < MAX_BATCH:
+                try:
+                    op = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                ops.append(op)
+                if op is None:
+                    break
+            stop = ops[-1] is None
+            batch = [op for op in ops if op is not None]
+            if batch:
+                results: list[tuple[Any, JournalError | None]] = (
+                    self._run_batch(db, batch) if db is not None
+                    else [(None, self._failed(sqlite3.OperationalError("not open")))
+                          for _ in batch])
+                for op, (value, err) in zip(batch, results, strict=True):
+                    if op.waiter is not None:
+                        if err is None:
+                            op.waiter.set_result(value)
+                        else:
+                            op.waiter.set_exception(err)
+                self._hand_back(batch, results)
+            if stop:
+                break
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+
+    def _run_batch(self, db: sqlite3.Connection,
+                   ops: list[_Op]) -> list[tuple[Any, JournalError | None]]:
+        """One transaction for ``ops``, then one checkpoint; when it fails, each op once
+        more in its own transaction, so that each gets its own outcome."""
+        cursors: list[tuple[sqlite3.Cursor, bool]] = []
+
+        def write(sql: str, args: tuple[object, ...], checkpoint: bool = True
+                  ) -> sqlite3.Cursor:
+            cur = db.execute(sql, args)
+            cursors.append((cur, checkpoint))
+            return cur
+
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            values = [op.fn(write) for op in ops]
+            db.execute("COMMIT")
+        except Exception as e:   # a disk error (or a bug): each op on its own, its outcome
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            if len(ops) > 1:
+                return [self._run_batch(db, [op])[0] for op in ops]
+            if not isinstance(e, sqlite3.Error):
+                log.error("journal write failed", exc_info=e)
+            return [(None, self._failed(e))]
+        changed = any(cur.rowcount > 0 for cur, _ in cursors)
+        if any(cur.rowcount > 0 and ckpt for cur, ckpt in cursors):
+            self._checkpoint(db)
+        if changed and not self.healthy:
+            log.warning("journal writes work again")
+            self.healthy, self.last_error = True, None
+        return [(v, None) for v in values]
+
+    def _failed(self, e: Exception) -> JournalError:
+        if self.healthy:
+            log.error("journal writes failing: %s", e)
+        self.healthy, self.last_error = False, str(e)
+        err = JournalError(f"{self.path}: journal write failed ({e})",
+                           "check free space in state_dir")
+        err.__cause__ = e
+        return err
+
+    def _hand_back(self, ops: list[_Op], results: list[tuple[Any, JournalError | None]]
+                   ) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):   # the loop is gone (shut down)
+            loop.call_soon_threadsafe(self._landed_on_loop, ops, results)
+
+    def _landed_on_loop(self, ops: list[_Op],
+                        results: list[tuple[Any, JournalError | None]]) -> None:
+        """On the loop: a batch is durable (or failed): bookkeeping, futures, waiters."""
+        failure: JournalError | None = None
+        for op, (value, err) in zip(ops, results, strict=True):
+            self._answer_ops.discard(op.number)
+            if op.kind == "answer" and err is None:
+                self._answering.pop(op.seq, None)
+            elif op.kind == "answer":   # goes out from memory all the same (the row stays
+                failure = err           # pending: answered again after a restart)
+            elif op.kind == "mark" and err is None:
+                if self._marking.get(op.seq) is op:
+                    del self._marking[op.seq]
+            elif op.kind == "mark":     # kept: not published again; tried again with
+                failure = err           # the next write
+                if self._marking.get(op.seq) is op:
+                    self._retry.append(op)
+            elif op.kind == "hand":
+                self._handing.discard(op.seq)
+                if err is not None:
+                    log.error("request %d handed over but not marked (%s): it is answered "
+                              "again after the restart", op.seq, err)
+            elif err is not None and op.kind != "record":
+                failure = err
+            if op.future is not None and not op.future.done():
+                if err is None:
+                    op.future.set_result(value)
+                else:
+                    op.future.set_exception(err)
+        self._landed += len(ops)
+        ready = [f for n, f in self._waiters if n <= self._landed]
+        self._waiters = [(n, f) for n, f in self._waiters if n > self._landed]
+        for f in ready:
+            if not f.done():
+                f.set_result(None)
+        if failure is not None and self.on_failure is not None:
+            self.on_failure(failure)
+
+    def _submit(self, op: _Op) -> _Op:
+        self._check_open()
+        retry, self._retry = self._retry, []
+        for old in retry:
+            if self._marking.get(old.seq) is old:
+                self._marking[old.seq] = self._put(replace(old))
+        return self._put(op)
+
+    def _put(self, op: _Op) -> _Op:
+        self._queued += 1
+        op.number = self._queued
+        if op.answers:
+            self._answer_ops.add(op.number)
+        self._queue.put(op)
+        return op
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise JournalError(f"{self.path}: the journal is closed",
+                               "the daemon is stopping")
+
+    def _soon(self, fn: Callable[[Write], Any], kind: str, seq: int = 0,
+              answers: bool = False) -> asyncio.Future[Any]:
+        assert self._loop is not None
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._submit(_Op(fn, kind, seq, future=future, answers=answers))
+        return future
+
+    def _blocking(self, fn: Callable[[Write], Any], kind: str = "call") -> Any:
+        """A write whose caller waits for it (attached, off the hot paths)."""
+        waiter: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._submit(_Op(fn, kind, waiter=waiter))
+        return waiter.result()
+
+    async def settled(self) -> None:
+        """Return once every answer written before this call has landed (committed and
+        checkpointed, or failed: then it goes out from memory): the link waits for it
+        before it publishes, so no answer goes out before the journal holds it. Other
+        writes are not waited for (requests are routed only once recorded; a delivery mark
+        may be lost, as documented)."""
+        if self._answer_ops:
+            await self._landing(max(self._answer_ops))   # they land in order
+
+    async def written(self) -> None:
+        """Return once every write queued before this call has landed."""
+        await self._landing(self._queued)
+
+    async def _landing(self, target: int) -> None:
+        if self._landed >= target or self._loop is None:
+            return
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.append((target, future))
+        await future
+
     def close(self) -> None:
+        """Finish the writes queued (attached: the writer thread ends), then close."""
+        if self._writer is not None and not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._writer.join()
+        self._closed = True
         self.db.close()
+
+    # -- writes --------------------------------------------------------------------------
 
     def _write(self, sql: str, args: tuple[object, ...],
                checkpoint: bool = True) -> sqlite3.Cursor:
@@ -192,42 +451,37 @@ class Journal:
         try:
             cur = self.db.execute(sql, args)
             if cur.rowcount > 0 and checkpoint:
-                self._checkpoint()
+                self._checkpoint(self.db)
         except sqlite3.Error as e:
-            if self.healthy:
-                log.error("journal writes failing: %s", e)
-            self.healthy, self.last_error = False, str(e)
-            raise JournalError(f"{self.path}: journal write failed ({e})",
-                               "check free space in state_dir") from e
+            raise self._failed(e) from e
         if cur.rowcount > 0 and not self.healthy:   # a change landed: writes work again
             log.warning("journal writes work again")
             self.healthy, self.last_error = True, None
         return cur
 
-    def _checkpoint(self) -> None:
+    @staticmethod
+    def _checkpoint(db: sqlite3.Connection) -> None:
         """The commit is durable in the WAL already (``synchronous=FULL``); copying it into
         the database file keeps it safe from a WAL cut short. A checkpoint that cannot run
         now (a reader such as ``rung check``, a full disk) is retried with the next write."""
         try:
-            busy = self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            busy = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         except sqlite3.Error as e:
             log.warning("journal checkpoint failed: %s", e)
             return
         if busy:
             log.debug("journal checkpoint deferred: another connection reads the journal")
 
-    def record(self, msg: Incoming, now: float | None = None) -> Entry | None:
-        """Record a received message durably; None when it is a duplicate of a kept row."""
-        now = time.time() if now is None else now
+    def _record(self, write: Write, msg: Incoming, now: float) -> Entry | None:
         key = dedupe_key(msg)
-        row = self._write("SELECT seq, state FROM entries WHERE key = ?", (key,)).fetchone()
+        row = write("SELECT seq, state FROM entries WHERE key = ?", (key,)).fetchone()
         if row is not None:
             if key.startswith("id:") or row[1] != "delivered":
                 return None
             # an anonymous row already answered: the broker reused its packet id
-            self._write("UPDATE entries SET key = NULL WHERE seq = ?", (row[0],))
+            write("UPDATE entries SET key = NULL WHERE seq = ?", (row[0],))
         expires = None if msg.expiry_s is None else now + msg.expiry_s
-        cur = self._write(
+        cur = write(
             "INSERT INTO entries (key, received, expires, topic, payload, response_topic, "
             "correlation, state, updated) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)",
             (key, now, expires, msg.topic, msg.payload, msg.response_topic, msg.correlation,
@@ -235,43 +489,115 @@ class Journal:
         return Entry(int(cur.lastrowid or 0), msg.topic, msg.payload, msg.response_topic,
                      msg.correlation, now, expires)
 
+    def record(self, msg: Incoming, now: float | None = None) -> Entry | None:
+        """Record a received message durably; None when it is a duplicate of a kept row."""
+        now = time.time() if now is None else now
+        if self.attached:
+            return self._blocking(lambda w: self._record(w, msg, now))   # type: ignore[no-any-return]
+        return self._record(self._write, msg, now)
+
+    def record_soon(self, msg: Incoming, now: float | None = None,
+                    answer: tuple[str, bytes] | None = None) -> asyncio.Future[Entry | None]:
+        """Attached: ``record`` in the writer thread; the future resolves on the loop once
+        the row is committed and checkpointed (or raises ``JournalError``). ``answer``
+        (reply topic, response): a request refused at the edge, recorded already answered
+        in the same transaction (one commit and checkpoint instead of two)."""
+        now = time.time() if now is None else now
+
+        def record(w: Write) -> Entry | None:
+            entry = self._record(w, msg, now)
+            if entry is not None and answer is not None:
+                w(_ANSWER, (answer[0], answer[1], now, None, entry.seq))
+                entry = replace(entry, state="answered", reply_topic=answer[0],
+                                response=answer[1])
+            return entry
+
+        return self._soon(record, "record", answers=answer is not None)
+
     def answer(self, seq: int, reply_topic: str, response: bytes,
                note: str | None = None) -> None:
-        """Record the answer to publish (before publishing it)."""
-        self._write("UPDATE entries SET state = 'answered', reply_topic = ?, response = ?, "
-                    "updated = ?, note = ? WHERE seq = ? AND state = 'pending'",
-                    (reply_topic, response, time.time(), note, seq))
+        """Record the answer to publish (before publishing it). Attached: queued, and
+        ``undelivered`` lists it at once; the link publishes it only once it landed."""
+        args = (reply_topic, response, time.time(), note, seq)
+        sql = _ANSWER
+        if not self.attached:
+            self._write(sql, args)
+            return
+        self._check_open()
+        if seq in self._answering or seq in self._handing:
+            return   # already answered: the first answer stays
+        rows = self._rows("WHERE seq = ? AND state = 'pending'", (seq,))
+        if not rows:
+            return
+        self._answering[seq] = replace(rows[0], state="answered", reply_topic=reply_topic,
+                                       response=response)
+        self._submit(_Op(lambda w: w(sql, args), "answer", seq, answers=True))
+
+    def _started(self, write: Write, seq: int) -> int:
+        rows = write("UPDATE entries SET attempts = attempts + 1, updated = ? "
+                     "WHERE seq = ? AND state = 'pending' RETURNING attempts",
+                     (time.time(), seq)).fetchall()
+        return int(rows[0][0]) if rows else 0
 
     def started(self, seq: int) -> int:
         """The model starts on a pending row: count it (a row that keeps taking the daemon
         down with it is recognised after a restart); returns the attempts so far."""
-        cur = self._write("UPDATE entries SET attempts = attempts + 1, updated = ? "
-                          "WHERE seq = ? AND state = 'pending' RETURNING attempts",
-                          (time.time(), seq))
-        row = cur.fetchone()
-        return int(row[0]) if row else 0
+        if self.attached:
+            return int(self._blocking(lambda w: self._started(w, seq)))
+        return self._started(self._write, seq)
+
+    def started_soon(self, seq: int) -> asyncio.Future[int]:
+        """Attached: ``started`` in the writer thread; resolves once it is durable."""
+        return self._soon(lambda w: self._started(w, seq), "started", seq)
+
+    def _mark(self, seq: int, sql: str, args: tuple[object, ...],
+              checkpoint: bool) -> None:
+        """Attached: a delivery (or dead-letter) mark, queued; the row leaves
+        ``undelivered`` at once, and a mark that fails is tried again with later writes."""
+        self._check_open()
+        op = _Op(lambda w: w(sql, args, checkpoint), "mark", seq)
+        self._marking[seq] = op
+        self._answering.pop(seq, None)   # an answer that went out from memory: done with
+        self._submit(op)
 
     def dead(self, seq: int, note: str) -> None:
         """Give up publishing an answer the broker keeps refusing (the row and its
         response stay for inspection until pruned)."""
-        self._write("UPDATE entries SET state = 'dead', updated = ?, note = ?, "
-                    "key = CASE WHEN key LIKE 'anon:%' THEN NULL ELSE key END "
-                    "WHERE seq = ? AND state = 'answered'", (time.time(), note, seq))
+        sql = ("UPDATE entries SET state = 'dead', updated = ?, note = ?, "
+               "key = CASE WHEN key LIKE 'anon:%' THEN NULL ELSE key END "
+               "WHERE seq = ? AND state = 'answered'")
+        if self.attached:
+            self._mark(seq, sql, (time.time(), note, seq), True)
+            return
+        self._write(sql, (time.time(), note, seq))
 
     def handed_over(self, seq: int, note: str) -> None:
         """A pending request given to another node (a fleet node leaving its group): no
         longer pending, and no longer a duplicate here (it may come back to this node, and
         must then be run). Pruned like a delivered row."""
-        self._write("UPDATE entries SET state = 'delivered', updated = ?, note = ?, key = NULL "
-                    "WHERE seq = ? AND state = 'pending'", (time.time(), note, seq))
+        sql = ("UPDATE entries SET state = 'delivered', updated = ?, note = ?, key = NULL "
+               "WHERE seq = ? AND state = 'pending'")
+        args = (time.time(), note, seq)
+        if self.attached:
+            self._check_open()
+            self._handing.add(seq)
+            self._submit(_Op(lambda w: w(sql, args), "hand", seq))
+            return
+        self._write(sql, args)
 
     def delivered(self, seq: int) -> None:
         """The broker acknowledged the answer; anonymous rows give up their key. Marked as
         soon as possible after the PUBACK (a kill in between publishes the answer once
         more after the restart): durable in the WAL, checkpointed with the next write."""
-        self._write("UPDATE entries SET state = 'delivered', updated = ?, "
-                    "key = CASE WHEN key LIKE 'anon:%' THEN NULL ELSE key END "
-                    "WHERE seq = ?", (time.time(), seq), checkpoint=False)
+        sql = ("UPDATE entries SET state = 'delivered', updated = ?, "
+               "key = CASE WHEN key LIKE 'anon:%' THEN NULL ELSE key END "
+               "WHERE seq = ? AND state = 'answered'")
+        if self.attached:
+            self._mark(seq, sql, (time.time(), seq), False)
+            return
+        self._write(sql, (time.time(), seq), checkpoint=False)
+
+    # -- reads (on the caller's thread; attached: plus what is in flight) ---------------
 
     def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[Any]:
         """Run one query; a failing read (a damaged or vanished file, an I/O error) is a
@@ -282,21 +608,27 @@ class Journal:
             raise JournalError(f"{self.path}: journal read failed ({e})",
                                "check state_dir (its disk and the journal file)") from e
 
-    def _entries(self, state: str) -> list[Entry]:
+    def _rows(self, where: str, args: tuple[object, ...]) -> list[Entry]:
         rows = self._read(
             "SELECT seq, topic, payload, response_topic, correlation, received, expires, "
-            "state, reply_topic, response, attempts FROM entries WHERE state = ? "
-            "ORDER BY seq",
-            (state,))
+            f"state, reply_topic, response, attempts FROM entries {where} ORDER BY seq", args)
         return [Entry(*r) for r in rows]
 
     def pending(self) -> list[Entry]:
         """Recorded, not yet answered (oldest first)."""
-        return self._entries("pending")
+        rows = self._rows("WHERE state = ?", ("pending",))
+        if not self.attached:
+            return rows
+        return [e for e in rows if e.seq not in self._answering and e.seq not in self._handing]
 
     def undelivered(self) -> list[Entry]:
         """Answered, the broker has not acknowledged the answer (oldest first)."""
-        return self._entries("answered")
+        rows = self._rows("WHERE state = ?", ("answered",))
+        if not self.attached:
+            return rows
+        by_seq = {e.seq: e for e in rows if e.seq not in self._marking}
+        by_seq.update(self._answering)
+        return [by_seq[s] for s in sorted(by_seq)]
 
     def dead_letters(self) -> list[tuple[int, str, str | None]]:
         """(seq, reply topic, why) of answers given up on, oldest first."""
@@ -309,9 +641,11 @@ class Journal:
         return {state: n for state, n in rows}
 
     def prune(self, now: float | None = None) -> int:
-        """Forget delivered rows older than the retention; returns rows removed."""
+        """Forget delivered rows older than the retention; returns rows removed (attached:
+        queued, returns 0)."""
         cutoff = (time.time() if now is None else now) - self.retention_s
-        cur = self._write("DELETE FROM entries WHERE state IN ('delivered', 'dead') "
-                          "AND updated < ?",
-                          (cutoff,))
-        return cur.rowcount
+        sql = ("DELETE FROM entries WHERE state IN ('delivered', 'dead') AND updated < ?")
+        if self.attached:
+            self._submit(_Op(lambda w: w(sql, (cutoff,)), "prune"))
+            return 0
+        return self._write(sql, (cutoff,)).rowcount

@@ -8,6 +8,14 @@ sends PUBACK once ``on_message`` says the message is recorded. A message rung co
 record stays unacknowledged, and the broker redelivers it on the next connection (clean
 start off, session expiry from config).
 
+``on_message`` may answer with a future instead of a bool (the journal writing off the event
+loop): the link reads on meanwhile and acknowledges each message once its future says True,
+in the order the messages came; a message whose future is still open when the connection
+ends is not acknowledged (the broker redelivers it). Messages of watched topics (the
+fleet's statuses) are handed on only after every request message before them is recorded,
+so a node's own status coming back still fences what the broker sent before it. ``hold``
+(the journal's ``settled``) is awaited before every publish.
+
 Every foreign error becomes ``aiomqtt.MqttError`` handling here: the reconnect policy lives
 in this loop, nowhere else.
 
@@ -27,7 +35,8 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiomqtt
@@ -42,7 +51,8 @@ from rung.daemon.mqtt.journal import Incoming
 
 log = logging.getLogger("rung.mqtt")
 
-OnMessage = Callable[[Incoming], bool]   # True: recorded (acknowledge), False: leave it
+# True: recorded (acknowledge), False: leave it; or a future of that (acknowledged once done)
+OnMessage = Callable[[Incoming], "bool | asyncio.Future[bool]"]
 OnSide = Callable[[aiomqtt.Message], None]   # a watched topic's message (acknowledged at once)
 
 
@@ -147,6 +157,9 @@ class MQTTLink:
         self.status_topic = status_topic(cfg)
         self.request_filter = request_filter(cfg)
         self.accepting = True         # False: messages are left unacknowledged
+        # awaited before every publish (the journal's ``settled``: answers go out only once
+        # recorded)
+        self.hold: Callable[[], Awaitable[None]] | None = None
         self.take_requests = True     # False once the node left its group: not resubscribed
         self._watched: list[tuple[str, OnSide]] = []
         self.connections = 0
@@ -246,9 +259,23 @@ class MQTTLink:
 
     async def _read(self, client: aiomqtt.Client) -> None:
         paho = _paho(client)
+        # messages whose recording is in flight, in arrival order: (future, mid, qos)
+        recording: deque[tuple[asyncio.Future[bool], int, int]] = deque()
+
+        def acknowledge(_: object = None) -> None:
+            """PUBACK the recorded messages at the head of the line, in arrival order
+            (only on the connection they came on)."""
+            while recording and recording[0][0].done():
+                future, mid, qos = recording.popleft()
+                if (self._client is client and not future.cancelled()
+                        and future.exception() is None and future.result() and qos > 0):
+                    paho.ack(mid, qos)
+
         async for message in client.messages:
             handler = next((h for f, h in self._watched if message.topic.matches(f)), None)
             if handler is not None:
+                if recording:   # what came before it is recorded first
+                    await asyncio.wait([f for f, _, _ in recording])
                 try:
                     handler(message)
                 finally:
@@ -259,8 +286,17 @@ class MQTTLink:
                 self.metrics.mqtt_message("in")
             if not self.accepting:
                 continue   # unacknowledged: redelivered after the restart
-            if self.on_message(incoming(message)) and message.qos > 0:
+            taken = self.on_message(incoming(message))
+            if isinstance(taken, asyncio.Future):
+                recording.append((taken, message.mid, message.qos))
+                taken.add_done_callback(acknowledge)
+            elif taken and message.qos > 0 and not recording:
                 paho.ack(message.mid, message.qos)
+            elif taken:   # behind messages still being recorded: acknowledged in order
+                done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+                done.set_result(True)
+                recording.append((done, message.mid, message.qos))
+                acknowledge()
 
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False,
                       correlation: bytes | None = None, response_topic: str | None = None,
@@ -270,6 +306,8 @@ class MQTTLink:
         the publish failed (the caller keeps the message and retries after reconnect).
         The v5 properties (ignored under 3.1.1): Correlation Data, Response Topic, Message
         Expiry Interval, Content Type."""
+        if self.hold is not None:
+            await self.hold()
         client = self._client
         if client is None:
             return False

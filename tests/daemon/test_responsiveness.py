@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rung.daemon.demo.localbroker import LocalBroker
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_loop
@@ -143,3 +146,60 @@ def test_the_loop_stays_responsive_while_the_engine_thread_works(
     assert worst <= MAX_STALL_S, f"the event loop stalled {worst * 1000:.1f} ms"
     gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
     assert len(pings) >= 5 and max(gaps) <= 0.02 + MAX_STALL_S, gaps
+
+
+@pytest.mark.integration
+def test_journal_writes_never_run_on_the_event_loop(
+        tmp_path: Path, broker: LocalBroker, edge_engine: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rung serve``'s parts in process, a real broker: while model requests and requests
+    refused at the edge are recorded, answered and delivered, every journal write (the
+    inserts, updates, commits and checkpoints, each with its fsyncs) runs in the journal's
+    writer thread; the event loop's thread only reads. Each request is answered once."""
+    from rung.daemon.config import load_config
+    from rung.daemon.mqtt.journal import Journal
+    from rung.daemon.serve import Service, build_runner
+    from tests.daemon.harness import Requester, write_config
+
+    statements: list[tuple[str, str]] = []
+    connect = Journal._connect
+
+    def traced(journal: Journal) -> sqlite3.Connection:
+        db = connect(journal)
+        db.set_trace_callback(lambda sql: statements.append(
+            (threading.current_thread().name, sql.strip().upper())))
+        return db
+
+    monkeypatch.setattr(Journal, "_connect", traced)
+    cfg = load_config(write_config(tmp_path, edge_engine, broker.port), [])
+    service = Service(cfg, build_runner(cfg))
+    short = {"input": {"description": "Pump P1 runs while the level is below 2 m.",
+                       "name": "P_Pump", "pou_type": "PROGRAM"}, "max_tokens": 3}
+
+    async def main() -> tuple[str, list[Any], int]:
+        run = asyncio.ensure_future(service.run())
+        while not service.link.connected:
+            await asyncio.sleep(0.01)
+        statements.clear()
+        req = Requester(broker.port)
+        try:
+            for i in range(3):
+                await asyncio.to_thread(req.send, "st_code", {**short, "id": f"m{i}"})
+                await asyncio.to_thread(req.send, "st_code", b"{not json",
+                                        correlation=f"bad{i}")
+            replies = await asyncio.to_thread(req.wait_settled, 6, 120)
+        finally:
+            req.close()
+        service._stopping.set()
+        return threading.current_thread().name, replies, await run
+
+    loop_thread, replies, code = asyncio.run(main())
+    assert code == 0
+    codes = sorted((r.body["id"], r.body["error"]["code"]) for r in replies)
+    assert codes == [("bad0", "bad_json"), ("bad1", "bad_json"), ("bad2", "bad_json"),
+                     ("m0", "truncated"), ("m1", "truncated"), ("m2", "truncated")]
+    writes = [(t, sql) for t, sql in statements
+              if sql.startswith(("INSERT", "UPDATE", "DELETE", "COMMIT", "PRAGMA WAL"))]
+    assert writes and {t for t, _ in writes} == {"rung-journal"}, writes
+    on_loop = [sql for t, sql in statements if t == loop_thread]
+    assert all(sql.startswith("SELECT") for sql in on_loop), on_loop
