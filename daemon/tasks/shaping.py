@@ -106,13 +106,35 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
     after_body = [(k, st_grammar.resolved(props[k], defs), k in required)
                   for k in keys[keys.index("body") + 1:]]
 
+    prefix = _st_prefix(s, data)
+
     def restage(text: str) -> Lark | None:
         found = st_grammar.head_pou(text)
         body = None if found is None else st_grammar.body_grammar(*found, after_body,
                                                                   numbers)
         return None if body is None else Lark(body)
 
-    return Shape(s, restage=restage, restage_at='"', names=st_grammar.names_at)
+    return Shape(s, prefix, restage=restage, restage_at='"', names=st_grammar.names_at)
+
+
+def _st_prefix(schema: Schema, data: Mapping[str, Any]) -> str:
+    """The answer's start when the request states its interface (``st_request.interface``):
+    type, name and the stated variables, written by code; the model goes on with more
+    variables or closes the list. Only where the schema puts nothing between the name and
+    the variables that the answer may need (a FUNCTION's return type)."""
+    declared = st_request.interface(data)
+    props = schema.get("properties") or {}
+    keys = list(props)
+    pou_type, name = data.get("pou_type"), data.get("name")
+    if (not declared or not isinstance(pou_type, str) or not isinstance(name, str)
+            or pou_type == "FUNCTION" or keys[:2] != ["pou_type", "name"]
+            or "variables" not in keys):
+        return ""
+    between = keys[2:keys.index("variables")]
+    if any(k in (schema.get("required") or ()) for k in between):
+        return ""
+    head = compact({"pou_type": pou_type, "name": name, "variables": declared})
+    return head[:-2]   # open: the list goes on ("]" or ",{") and the object with it
 
 
 def _free_text(schema: Any) -> bool:

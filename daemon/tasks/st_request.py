@@ -251,3 +251,39 @@ def inputs_not_assigned(pou: Mapping[str, Any], assigned: Sequence[str]) -> dict
     return {"ok": not bad, "errors": [
         {"path": "body", "message": f"{name} is a VAR_INPUT: the POU reads it, never assigns "
          "it (declare an output or a local for what it computes)"} for name in bad]}
+
+
+# -- the interface a request states --------------------------------------------------------
+
+_SECTION = re.compile(r"^\s*(VAR_INPUT|VAR_OUTPUT|VAR_IN_OUT|inputs?|outputs?|in/out)\b\s*:?",
+                      re.I)
+_SECTIONS = {"var_input": "VAR_INPUT", "input": "VAR_INPUT", "inputs": "VAR_INPUT",
+             "var_output": "VAR_OUTPUT", "output": "VAR_OUTPUT", "outputs": "VAR_OUTPUT",
+             "var_in_out": "VAR_IN_OUT", "in/out": "VAR_IN_OUT"}
+_TYPES = ("BOOL|BYTE|WORD|DWORD|SINT|INT|DINT|LINT|USINT|UINT|UDINT|ULINT|REAL|LREAL|TIME|"
+          "STRING")
+_DECL = re.compile(rf"(?<![\w.])([A-Za-z_][A-Za-z0-9_]{{0,62}})\s*:\s*({_TYPES})\b"
+                   r"(?:\s+with\s+initial\s+value\s+(-?\d+(?:\.\d+)?|TRUE|FALSE))?", re.I)
+
+
+def interface(data: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The variables a request's constraints declare, in order (``VAR_INPUT rLevel :
+    REAL``, ``inputs: a : BOOL, b : REAL (...)``, ``VAR_OUTPUT q : BOOL``; an ``initial``
+    from ``with initial value 500``): code knows them, so the answer starts with them.
+    Names the request repeats are declared once."""
+    out: list[dict[str, str]] = []
+    seen: set[str] = set()
+    for c in data.get("constraints") or []:
+        m = _SECTION.match(str(c))
+        if m is None:
+            continue
+        section = _SECTIONS[m.group(1).lower()]
+        for name, vtype, initial in _DECL.findall(str(c)[m.end():]):
+            if name.upper() in seen:
+                continue
+            seen.add(name.upper())
+            v = {"section": section, "name": name, "type": vtype.upper()}
+            if initial:
+                v["initial"] = initial.upper() if initial.isalpha() else initial
+            out.append(v)
+    return out

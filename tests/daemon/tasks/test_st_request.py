@@ -99,3 +99,26 @@ def test_a_pou_name_of_iec_61131_3_fails_the_check() -> None:
     for name in ("END_VAR", "TON", "BOOL", "ton"):
         ok, v = validate_output({}, ("st",), {**_pou(RIGHT), "name": name}, DRAIN)
         assert not ok and "IEC 61131-3" in v["identifiers"]["errors"][-1]["message"], name
+
+
+def test_the_interface_a_request_states_is_written_by_code() -> None:
+    from rung.daemon.tasks.shaping import shape
+    from rung.daemon.tasks.task import load_tasks
+
+    data = {"description": "Fill valve: open below 20 %, close above 80 %.",
+            "name": "FB_Fill", "pou_type": "FUNCTION_BLOCK",
+            "constraints": ["Inputs: rLevel : REAL (level in %), bDrainOpen : BOOL",
+                            "VAR_INPUT iBatch : INT with initial value 500",
+                            "VAR_OUTPUT bValve : BOOL", "Use PascalCase names."]}
+    assert st_request.interface(data) == [
+        {"section": "VAR_INPUT", "name": "rLevel", "type": "REAL"},
+        {"section": "VAR_INPUT", "name": "bDrainOpen", "type": "BOOL"},
+        {"section": "VAR_INPUT", "name": "iBatch", "type": "INT", "initial": "500"},
+        {"section": "VAR_OUTPUT", "name": "bValve", "type": "BOOL"}]
+    st = load_tasks()["st_code"]
+    prefix = shape(st.output_schema, st.validators, data).prefix
+    assert prefix.startswith('{"pou_type":"FUNCTION_BLOCK","name":"FB_Fill","variables":[{')
+    assert prefix.endswith('{"section":"VAR_OUTPUT","name":"bValve","type":"BOOL"}')
+    # a FUNCTION's return type comes before its variables: the model writes it all
+    assert shape(st.output_schema, st.validators, {**data, "pou_type": "FUNCTION"}).prefix == ""
+    assert shape(st.output_schema, st.validators, {"description": "x"}).prefix == ""
