@@ -403,3 +403,31 @@ def test_a_stop_past_its_grace_halts_the_engine_thread(
     j = Journal(tmp_path / "state" / "journal.db")
     assert [json.loads(e.payload)["id"] for e in j.pending()] == ["long"]
     j.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("part", ["sparkplug", "fleet"])
+def test_a_plant_part_that_keeps_failing_stops_rung_for_a_restart(
+        tmp_path: Path, broker: Broker, edge_engine: Path, part: str) -> None:
+    """The Sparkplug link (its session with the broker) and the fleet (its status
+    republishing) each fail for good in turn: liveness names the part and rung exits 70."""
+    mqtt: dict[str, Any] = {"shared_group": "g1", "fleet_update_s": 0.05} \
+        if part == "fleet" else {}
+    service = _service(tmp_path, broker.port, edge_engine, mqtt=mqtt,
+                       sparkplug={"enabled": part == "sparkplug", "group_id": "plant1"})
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError(f"{part} dependency gone")
+
+    if part == "sparkplug":
+        service.sparkplug._serve = broken       # every session fails at once
+    else:
+        service.fleet._retry_refused = broken   # its periodic round
+
+    async def main() -> tuple[int, str | None]:
+        code = await asyncio.wait_for(service.run(), 60)
+        return code, service.liveness()
+
+    code, why = asyncio.run(main())
+    assert code == 70 and why is not None and why.startswith(f"{part} has stopped: gave up")
+    assert service.metrics.part_restarts.labels(part=part)._value.get() == FAST.restarts
