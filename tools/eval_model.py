@@ -236,8 +236,9 @@ def handwritten(model_dir: Path, path: Path,
             results = [runner.run([(task, data)], SamplingParams(), retry=policy)[0]
                        for data in inputs]
             for r in results:
+                err = r.error or {}
                 quality.add(task, judge(task, r.validation, r.output,
-                                        error=(r.error or {}).get("message")))
+                                        error=f"{err.get('code')}: {err.get('message')}"))
             entry: dict[str, Any] = {
                 "n": len(inputs), **quality.report()[task],
                 "passed_checks": sum(r.ok for r in results) / len(inputs),
