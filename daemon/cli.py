@@ -36,13 +36,25 @@ def _export_parser(sub: Any) -> None:
     p.add_argument("--lm-head-bits", type=int, choices=[8, 4],
                    help="int8/int4: bits of the LM head (default 8; 4 reads a third less per "
                    "int4 decode step, at a cost recorded in the manifest)")
-    p.add_argument("--kv", default="fp8", choices=["fp32", "fp16", "fp8"],
-                   help="KV cache dtype (default fp8: e4m3 with per-token-per-head scales)")
+    p.add_argument("--kv", default="auto", choices=["auto", "fp32", "fp16", "fp8"],
+                   help="KV cache dtype; fp8 is e4m3 with per-token-per-head scales "
+                   "(default auto: fp8 where the target reads it in a fused attention, "
+                   "TensorRT on compute capability 8.9+, or where an fp16 cache of "
+                   "--max-seq x --max-batch tokens would not fit --memory-budget-mb; "
+                   "fp16 elsewhere; the manifest records why)")
+    p.add_argument("--max-batch", type=int, default=4,
+                   help="requests the engine is expected to decode together "
+                   "(engine.max_batch), sizing --kv auto's cache (default 4)")
+    p.add_argument("--memory-budget-mb", type=int, default=4096,
+                   help="--kv auto: the engine's estimated peak memory (weights and a full "
+                   "cache) it must fit, in MiB (default 4096)")
     p.add_argument("--ffn-skip", default="auto",
                    choices=["auto", "off", "calibrate", "trained"],
                    help="skip FFNs at decode behind gates: fitted from --calib-text, or "
-                   "as trained into the checkpoint (default auto: the checkpoint's trained "
-                   "gates when it has them, else none)")
+                   "as trained into the checkpoint (default auto: no gates added; a "
+                   "checkpoint's trained gates dropped where fast decoding then applies, "
+                   "float weights or int8/int4 on the fused graph, and the model without "
+                   "them stays within --quality-budget on held-out text, else kept)")
     p.add_argument("--calib-text", type=Path, help="calibration text for --ffn-skip calibrate")
     p.add_argument("--quality-budget", type=float, default=0.05,
                    help="max mean next-token KL (nats) against the fp32 model on held-out "
@@ -55,14 +67,16 @@ def _export_parser(sub: Any) -> None:
                    "fused where it applies")
     p.add_argument("--target", default="onnx", choices=["onnx", "trt"],
                    help="trt: also build a TensorRT plan on this box's GPU (docs/jetson.md)")
-    p.add_argument("--trt-max-batch", type=int, default=4,
-                   help="--target trt: most requests decoded together (engine.max_batch)")
+    p.add_argument("--trt-max-batch", type=int,
+                   help="--target trt: most requests decoded together (engine.max_batch; "
+                   "default --max-batch)")
     p.add_argument("--trt-chunk", type=int, default=256,
                    help="--target trt: most prompt tokens per engine call (longer prompts "
                    "run in chunks)")
     p.add_argument("--trt-kv-fallback", default="refuse", choices=["refuse", "fp16"],
                    help="--target trt on a GPU without FP8 (compute capability below 8.9, "
-                   "e.g. Jetson Orin): refuse --kv fp8 (default) or export fp16 KV")
+                   "e.g. Jetson Orin): refuse an explicit --kv fp8 (default) or export fp16 "
+                   "KV (--kv auto takes fp16 there)")
     p.add_argument("--max-seq", type=int, help="longest sequence served (default: min(4096, "
                    "the model's max_position_embeddings))")
     p.add_argument("--norm-eps", type=float, help="override the RMSNorm eps")
@@ -154,23 +168,31 @@ def run_export(args: argparse.Namespace) -> int:
     from rung.engines.errors import ExportError
 
     try:
+        from rung.export.defaults import NO_GATES
         from rung.export.exporter import ExportOptions, export
     except ImportError as e:
         raise ExportError(f"the exporter needs the [export] extra ({e.name} is missing)",
                           "pip install 'rung[export]'") from e
     if args.weights is None and args.target == "trt":  # a plan computes in its precision
         args.weights = "fp16"   # else None: the checkpoint's own (a 4-bit GGUF: int4)
+    if args.trt_max_batch is None:
+        args.trt_max_batch = args.max_batch
     if args.target == "trt":
         export = _trt_exporter(args)
     m = export(args.hf_dir, args.output, ExportOptions(
         weights=args.weights, block_size=args.block_size, lm_head_bits=args.lm_head_bits,
         kv=args.kv, max_seq=args.max_seq,
         norm_eps=args.norm_eps, verify=not args.no_verify, ffn_skip=args.ffn_skip,
-        calib_text=args.calib_text, quality_budget=args.quality_budget, graph=args.graph))
+        calib_text=args.calib_text, quality_budget=args.quality_budget, graph=args.graph,
+        max_batch=args.max_batch, memory_budget_mb=args.memory_budget_mb))
     parity = m.parity
     verdict = ("not verified" if parity is None else
                f"max logit error {parity.max_abs_logit_diff:.2e}, greedy agreement "
                f"{parity.greedy_agreement:.2f}")
+    if m.kv.chosen_by == "auto":
+        print(f"KV cache {m.kv.dtype} (--kv auto): {m.kv.reason}")
+    if m.ffn_skip and m.ffn_skip["requested"] == "auto" and m.ffn_skip["reason"] != NO_GATES:
+        print(f"FFN gates {m.ffn_skip['mode']} (--ffn-skip auto): {m.ffn_skip['reason']}")
     gate = m.ffn_gate
     if gate and gate["mode"] == "calibrate":
         print(f"FFN gates: {gate['skip_rate_mean']:.1%} of decode-step FFNs skipped on "

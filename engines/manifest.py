@@ -19,6 +19,14 @@ inside ``quantization``, per-matrix bits and zero points (``scheme`` ``asymmetri
 ``symmetric``, ``layers``: the matrices kept at 8 bits) and the source a GGUF file stored
 each matrix as. Formats 1 to 3 still load.
 
+Format 7 records why the export chose what it did where the user left it open: ``kv.chosen_by``
+(``auto``: ``--kv auto``, the default, export/defaults.py; ``flag``: ``--kv`` given) and
+``kv.reason`` (the target's attention path, the estimated engine peak against the memory
+budget), and ``ffn_skip``: ``--ffn-skip`` resolved (``requested``, ``mode``, ``reason``;
+under ``auto`` a checkpoint's trained gates are dropped only where fast decoding would
+apply without them and that stays within the quality budget). All optional: formats 1 to 6
+load with them None.
+
 Layout of the generic graph (``kv.layout`` ``position_major_SBHD``):
 
     inputs   input_ids      int64  [B, S]
@@ -67,8 +75,9 @@ from typing import Any
 from rung.engines.errors import ManifestError
 
 # 5: BLAKE3 digests of the artifacts (``blake3``), checked at load; 6: XXH3-128 digests
-# (``xxh3``) in their place
-FORMAT_VERSION = 6
+# (``xxh3``) in their place; 7: why the KV dtype and the FFN gates are what they are
+# (``kv.chosen_by``, ``kv.reason``, ``ffn_skip``)
+FORMAT_VERSION = 7
 OLDEST_FORMAT = 1  # format 1 lacks only optional keys
 MANIFEST_NAME = "manifest.json"
 KV_LAYOUT = "position_major_SBHD"
@@ -102,6 +111,9 @@ class KVSpec:
     scale_layout: str | None = None  # "per_token_per_head" for fp8: float32 amax / 448
     # export-time cost against an fp32 cache: max_rel_logit_err, mean_kl, greedy_agreement
     accuracy: dict[str, float] | None = None
+    # format 7: "auto" (--kv auto chose it) | "flag" (--kv given), and why; None before
+    chosen_by: str | None = None
+    reason: str | None = None
 
     def bytes_per_token(self, dims: ModelDims) -> int:
         """Bytes one token occupies in the cache (K and V, all layers, scales included)."""
@@ -163,7 +175,7 @@ class TrtPlan:
     compute_capability: str     # of the GPU it was built on, "8.7" (Orin), "8.9" (Ada), ...
     device_name: str
     weights: str                # precision of the plan's weights: "fp16" | "fp32"
-    kv_requested: str           # --kv as asked: "fp32" | "fp16" | "fp8"
+    kv_requested: str           # --kv as asked: "auto" | "fp32" | "fp16" | "fp8"
     kv_reason: str              # why the KV dtype is the manifest's (FP8 needs cc 8.9+)
     max_batch: int              # most rows of one cache
     prefill_chunk: int          # most new tokens of one call; longer prompts run in chunks
@@ -204,6 +216,9 @@ class Manifest:
     # cores busy packing weights the CPU it leaves is start-up time (0.5B int4 data file:
     # 86 ms of one core against 230 ms over two)
     xxh3: dict[str, str] = field(default_factory=dict)
+    # format 7: --ffn-skip resolved: {"requested": "auto", "mode": "off", "reason": "..."}
+    # (``ffn_gate`` stays the gates' own record, None without gates); None before
+    ffn_skip: dict[str, str] | None = None
 
     # -- writing -----------------------------------------------------------------------
     def to_json(self) -> str:

@@ -40,6 +40,18 @@ from rung.engines.tokenizer import Tokenizer
 from rung.export.arch import ModelConfig
 from rung.export.blockquant import Blocks
 from rung.export.checkpoint import Checkpoint, load_checkpoint
+from rung.export.defaults import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MEMORY_BUDGET_MB,
+    CacheShape,
+    KVChoice,
+    auto_gates,
+    choose_kv,
+    fast_without_gates,
+    flagged,
+    ungated_cost,
+    weight_bytes,
+)
 from rung.export.ffn_calibrate import calibrate
 from rung.export.gguf import GGML_TYPES
 from rung.export.mixed import LAYER_UNITS, choose, importance
@@ -62,15 +74,20 @@ class ExportOptions:
     weights: str | None = None
     block_size: int | None = None  # int8/int4: input channels per scale (default 32)
     lm_head_bits: int | None = None  # int8/int4: the LM head's bits (default 8)
-    # fp8 (e4m3, per-token-per-head scales) by default: 0.27x of fp32's memory; on the
-    # trained demo model mean KL 1.2e-4 and 99.75 % greedy agreement against fp32 KV, decode
-    # cost on CPU 2 % at 128 tokens of context and 13 % at 1024 (docs/benchmarks.md)
-    kv: str = "fp8"              # fp32 | fp16 | fp8
+    # auto | fp32 | fp16 | fp8 (e4m3, per-token-per-head scales). auto (export/defaults.py):
+    # fp8 where the target reads it in a fused attention (TensorRT on compute capability
+    # 8.9+) or where the engine would not fit ``memory_budget_mb`` with an fp16 cache of
+    # max_seq x ``max_batch`` tokens; fp16 (the fused graph) elsewhere: on the CPU fp8 runs
+    # the generic graph, 1.9x slower on the demo model's requests and its answers drifting
+    # from fp32 KV's (docs/benchmarks.md, "Defaults measured")
+    kv: str = "auto"
     max_seq: int | None = None
     norm_eps: float | None = None
     verify: bool = True
-    # auto (the checkpoint's trained gates when it has them, else none) | off | calibrate |
-    # trained (gates shipped in the checkpoint, required)
+    # auto | off | calibrate | trained (gates shipped in the checkpoint, required). auto
+    # (``auto_gates``): none added; a checkpoint's trained gates dropped where fast decoding
+    # then applies (float weights, or int8/int4 on the fused graph) and the model without
+    # them stays within ``quality_budget`` of the gated one on held-out text, else kept
     ffn_skip: str = "auto"
     calib_text: Path | None = None
     # max mean next-token KL (nats) on held-out real text: of the FFN gates against the
@@ -80,6 +97,14 @@ class ExportOptions:
     # fused (GroupQueryAttention & co., fp32/fp16 KV, fp32/int8/int4 weights) | generic |
     # auto: fused wherever it applies (docs/benchmarks.md, "Fused graph")
     graph: str = "auto"
+    # --kv auto's sizing: the rows decoded together (an export-time assumption; the
+    # daemon's engine.max_batch) and the engine's peak memory it must fit, in MiB
+    max_batch: int = DEFAULT_MAX_BATCH
+    memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB
+    # set by --target trt: the GPU's compute capability (--kv auto takes fp8 from 8.9), and
+    # why an explicit --kv changed (--trt-kv-fallback fp16 on a GPU without FP8)
+    trt_cc: tuple[int, int] | None = None
+    kv_reason: str | None = None
 
 
 WEIGHTS = ("fp32", "fp16", *BITS)
@@ -92,6 +117,7 @@ TEXT_ROWS, TEXT_LENGTH = 12, 64  # real text: rows x tokens, teacher-forced
 FFN_SKIP = ("auto", "off", "calibrate", "trained")
 GRAPHS = ("auto", "fused", "generic")
 KV = {"fp32": "float32", "fp16": "float16", "fp8": "float8_e4m3fn"}
+KV_OPTIONS = ("auto", *KV)
 
 
 def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
@@ -114,8 +140,14 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
             if value is not None:
                 raise ExportError(f"{flag} applies to --weights int8|int4, not "
                                   f"{opts.weights}", f"drop {flag} or choose --weights int8|int4")
-    if opts.kv not in KV:
-        raise ExportError(f"--kv {opts.kv} is not available", f"choose one of {', '.join(KV)}")
+    if opts.kv not in KV_OPTIONS:
+        raise ExportError(f"--kv {opts.kv} is not available",
+                          f"choose one of {', '.join(KV_OPTIONS)}")
+    if opts.max_batch < 1:
+        raise ExportError(f"--max-batch {opts.max_batch} is too small", "give at least 1")
+    if opts.memory_budget_mb < 1:
+        raise ExportError(f"--memory-budget-mb {opts.memory_budget_mb} must be positive",
+                          "give the engine's memory in MiB, e.g. 4096")
     if opts.max_seq is not None and opts.max_seq < 8:
         raise ExportError(f"--max-seq {opts.max_seq} is too small", "give at least 8")
     if opts.quality_budget <= 0:
@@ -139,11 +171,13 @@ def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
     weights = opts.weights or source_weights(ckpt)
     opts = dataclasses.replace(opts, weights=weights)
     spec = plan(ckpt, opts)
+    kv = kv_dtype(ckpt, opts, spec)
+    opts = dataclasses.replace(opts, kv=kv.kv)
     graph_form(opts, ckpt.config)  # the source's precision or the model may rule it out
     ckpt.model.set_kv_dtype(KV[opts.kv])
-    ffn_gate = prepare_gates(ckpt, opts)
     tok = Tokenizer.load(ckpt.path, ckpt.tokenizer)
     calib, held = real_text(ckpt, tok, opts)
+    ffn_gate, ffn_skip = prepare_gates(ckpt, opts, held)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until verified
     fused = graph_form(opts, ckpt.config) == "fused"
@@ -171,8 +205,10 @@ def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
         "mixed": None if mixed is None else mixed.to_manifest(),
         "source": None if ckpt.storage is None else {
             "format": "gguf", "types": dict(Counter(ckpt.storage.values()))}}
-    manifest = dataclasses.replace(_manifest(ckpt, out_dir, opts), ffn_gate=ffn_gate,
-                                   quantization=quantization)
+    manifest = _manifest(ckpt, out_dir, opts)
+    manifest = dataclasses.replace(
+        manifest, ffn_gate=ffn_gate, ffn_skip=ffn_skip, quantization=quantization,
+        kv=dataclasses.replace(manifest.kv, chosen_by=kv.chosen_by, reason=kv.reason))
     if opts.verify:
         manifest = _verify(ckpt, out_dir, opts, manifest, reference, held, tok)
     manifest.save(out_dir)
@@ -207,7 +243,9 @@ def _verify(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions, manifest: Mani
             raise ExportError(
                 f"{opts.kv} KV costs mean KL {accuracy['mean_kl']:.3g} against fp32 KV on "
                 f"held-out text (greedy agreement {accuracy['greedy_agreement']:.2f}), over "
-                f"the budget {budget}", "use --kv fp16 or raise --quality-budget")
+                f"the budget {budget}", "use --kv fp16 or raise --quality-budget"
+                + (" (--kv auto chose fp8 to fit --memory-budget-mb)"
+                   if manifest.kv.chosen_by == "auto" else ""))
     quant = manifest.quantization
     if quant is not None:
         with step(f"measuring the cost of {weights} weights against fp32 weights on real "
@@ -293,7 +331,8 @@ def graph_form(opts: ExportOptions, cfg: ModelConfig | None = None) -> str:
     if opts.graph not in GRAPHS:
         raise ExportError(f"--graph {opts.graph} is not available",
                           f"choose one of {', '.join(GRAPHS)}")
-    fits = KV[opts.kv] in FUSED_KV if opts.kv in KV else False
+    # --kv auto (not yet resolved) takes fp16 wherever the fused graph is asked for
+    fits = opts.kv == "auto" or (opts.kv in KV and KV[opts.kv] in FUSED_KV)
     fits = fits and opts.weights != "fp16"
     if opts.graph == "fused" and not fits:
         raise ExportError(f"--graph fused takes fp32/fp16 KV with fp32/int8/int4 weights, not "
@@ -308,21 +347,33 @@ def graph_form(opts: ExportOptions, cfg: ModelConfig | None = None) -> str:
     return "fused" if opts.graph == "fused" or (opts.graph == "auto" and fits) else "generic"
 
 
-def prepare_gates(ckpt: Checkpoint, opts: ExportOptions) -> dict[str, Any] | None:
-    """Strip, fit or keep the FFN gates; the manifest's ``ffn_gate`` record."""
+def prepare_gates(ckpt: Checkpoint, opts: ExportOptions, held: Any = None
+                  ) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """Strip, fit or keep the FFN gates: the manifest's ``ffn_gate`` record (None without
+    gates) and ``ffn_skip``, the option resolved (``requested``, ``mode``, ``reason``).
+    ``held``: held-out rows of real text, on which ``auto`` measures what dropping a
+    checkpoint's trained gates would cost."""
     model = ckpt.model
-    mode = opts.ffn_skip
-    if mode == "auto":   # a model trained with its gates expects them: keep what it carries
-        mode = "trained" if model.has_ffn_gates else "off"
+    mode, reason = opts.ffn_skip, f"--ffn-skip {opts.ffn_skip} as asked"
+    if mode == "auto":
+        fused = graph_form(opts, ckpt.config) == "fused"
+        cost = None
+        if model.has_ffn_gates and fast_without_gates(str(opts.weights), fused) \
+                and held is not None:
+            with step("measuring what dropping the trained FFN gates costs on real text"):
+                cost = ungated_cost(model, held)
+        mode, reason = auto_gates(model.has_ffn_gates, str(opts.weights), fused, cost,
+                                  opts.quality_budget)
+    record = {"requested": opts.ffn_skip, "mode": mode, "reason": reason}
     if mode == "off":
         for layer in model.model.layers:
             layer.mlp.ffn_gate = None
-        return None
+        return None, record
     if mode == "trained":
         if not model.has_ffn_gates:
             raise ExportError(f"{ckpt.path}: --ffn-skip trained, but the checkpoint has no "
                               "FFN gates", "use --ffn-skip calibrate --calib-text FILE")
-        return {"mode": "trained"}
+        return {"mode": "trained"}, record
     if opts.calib_text is None:
         raise ExportError("--ffn-skip calibrate needs --calib-text FILE")
     text = Path(opts.calib_text).read_text(encoding="utf-8", errors="replace")
@@ -330,7 +381,28 @@ def prepare_gates(ckpt: Checkpoint, opts: ExportOptions) -> dict[str, Any] | Non
     with step(f"calibrating FFN gates on {opts.calib_text} (budget: mean KL "
               f"{opts.quality_budget})"):
         result = calibrate(model, tok.encode(text, add_bos=False), opts.quality_budget)
-    return result.to_manifest()
+    return result.to_manifest(), record
+
+
+def kv_dtype(ckpt: Checkpoint, opts: ExportOptions, spec: QuantSpec | None) -> KVChoice:
+    """The KV dtype: ``--kv`` as given, or ``auto``'s choice (export/defaults.py).
+
+    Raises:
+        ExportError: ``--graph fused`` where the memory budget needs fp8 KV.
+    """
+    if opts.kv != "auto":
+        return flagged(opts.kv, opts.kv_reason)
+    c = ckpt.config
+    shape = CacheShape(c.num_layers, c.num_kv_heads, c.head_dim, ckpt.model.max_seq)
+    fused = graph_form(dataclasses.replace(opts, kv="fp16"), c) == "fused"
+    choice = choose_kv(weight_bytes(ckpt.model, str(opts.weights), spec), str(opts.weights),
+                       shape, max_batch=opts.max_batch,
+                       memory_budget_mb=opts.memory_budget_mb, trt_cc=opts.trt_cc,
+                       fused_fp16=fused)
+    if choice.kv == "fp8" and opts.graph == "fused" and opts.trt_cc is None:
+        raise ExportError(f"--graph fused takes fp32/fp16 KV, but --kv auto needs fp8: "
+                          f"{choice.reason}", "give --kv fp16, or raise --memory-budget-mb")
+    return choice
 
 
 def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
@@ -376,7 +448,7 @@ def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
     artifacts, fast = artifact_digests(out_dir, files)
     kv = KVSpec(dtype=KV[opts.kv], layout=HEAD_MAJOR if fused else KV_LAYOUT,
                 scale_layout="per_token_per_head" if opts.kv == "fp8" else None)
-    engine_id = hashlib.sha256(
+    engine_id = hashlib.sha256(   # the cache's layout, not why it was chosen
         f"{FORMAT_VERSION}|{artifacts[GRAPH_FILE]}|{artifacts[DATA_FILE]}|{kv}".encode()
     ).hexdigest()[:16]
     dims = ModelDims(

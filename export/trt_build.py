@@ -3,7 +3,8 @@ that will serve it.
 
 Order: refuse what TensorRT cannot run (int8/int4 ``MatMulNBits`` weights, the fused
 graph), ask the GPU for its compute capability and decide the KV dtype (FP8 needs 8.9:
-Ada, Hopper, Blackwell, Jetson Thor; Jetson Orin is 8.7), export and verify the ONNX engine
+Ada, Hopper, Blackwell, Jetson Thor; Jetson Orin is 8.7; ``--kv auto``, the default, takes
+fp8 there and fp16 below, export/defaults.py), export and verify the ONNX engine
 as ``--target onnx`` does, then build the plan from it: the graph rewritten for TensorRT's
 parser (trt_graph.py), a strongly typed network (precision is the graph's own: fp16 weights
 give an fp16 plan; TensorRT 10.12 deprecated the FP16 builder flag and weak typing, 11
@@ -192,15 +193,21 @@ def export_trt(hf_dir: Path, out_dir: Path, opts: ExportOptions,
         CheckpointError, ExportError: as ``export``; TensorRT or the GPU missing (after the
             ONNX engine is written, which the message says), the plan refused or failing.
     """
-    opts = generic_graph(dataclasses.replace(opts, weights=plan_weights(opts.weights or "fp16")))
+    opts = generic_graph(dataclasses.replace(opts, weights=plan_weights(opts.weights or "fp16"),
+                                             max_batch=topts.max_batch))
     try:
         info = probe(topts.device)
     except ExportError as e:
         export(hf_dir, out_dir, opts)  # the ONNX engine serves on its own (CPU, ORT CUDA)
         raise ExportError(f"{e.message}; the ONNX engine in {out_dir} is complete and serves "
                           "with engine.backend onnx", e.hint) from e
+    if opts.kv == "auto":   # fp8 from 8.9 (the plan reads it in place), else fp16
+        manifest = export(hf_dir, out_dir, dataclasses.replace(opts, trt_cc=info.cc))
+        return build_plan(Path(out_dir), manifest, topts, info, opts.kv,
+                          manifest.kv.reason or "--kv auto")
     decision = decide_kv(opts.kv, info.cc, topts.kv_fallback, info.name)
-    manifest = export(hf_dir, out_dir, dataclasses.replace(opts, kv=decision.kv))
+    manifest = export(hf_dir, out_dir, dataclasses.replace(opts, kv=decision.kv,
+                                                           kv_reason=decision.reason))
     return build_plan(Path(out_dir), manifest, topts, info, opts.kv, decision.reason)
 
 

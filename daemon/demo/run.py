@@ -1,8 +1,10 @@
 """``rung demo``: the main job on embedded defaults, on this machine.
 
-Exports the shipped demo model (``models/edge-tiny``, trained by rung; FFN gates as
-trained) once into the cache directory, starts a private mosquitto on a free loopback port
-and ``rung serve`` on it, and sends held-out requests of each built-in task over MQTT: a
+Exports the shipped demo model (``models/edge-tiny``, trained by rung) with ``rung
+export``'s defaults (fp16 KV on the fused graph; its trained FFN gates kept, measured: the
+model without them answers otherwise and worse, docs/benchmarks.md, "Defaults measured")
+once into the cache directory, starts a private mosquitto on a free loopback port and
+``rung serve`` on it, and sends held-out requests of each built-in task over MQTT: a
 Structured Text POU (rendered, parsed, identifiers checked), a fault tree (cut sets and
 top-event probability) and a diagnosis. It prints the validated replies and the daemon's
 metrics. A simulated PLC (a pymodbus server with a press's register map) then raises a
@@ -93,7 +95,7 @@ def _engine_dir() -> tuple[Path, str]:
         try:
             load_manifest(engine)
         except ManifestError:
-            export(SHIPPED, engine, ExportOptions(ffn_skip="trained"))
+            export(SHIPPED, engine, ExportOptions())   # the defaults, as `rung export`
         return engine, f"shipped demo model {SHIPPED}"
     ckpt, engine = cache_dir() / "demo-tiny" / "hf", cache_dir() / "demo-tiny" / "engine"
     if not (ckpt / "model.safetensors").is_file():

@@ -206,3 +206,28 @@ def test_format_2_still_loads(engine_dir: Path) -> None:
     _edit(engine_dir, to_format_2)
     m = load_manifest(engine_dir)
     assert m.format_version == 2 and m.trt is None
+
+
+def test_format_7_records_why_the_kv_and_gates_are_what_they_are(engine_dir: Path) -> None:
+    m = load_manifest(engine_dir)   # exported with --kv fp32, --ffn-skip auto
+    assert m.format_version == FORMAT_VERSION >= 7
+    assert (m.kv.chosen_by, m.kv.reason) == ("flag", "--kv fp32 as asked")
+    assert m.ffn_skip is not None and m.ffn_skip["requested"] == "auto"
+    assert m.ffn_skip["mode"] == "off" and m.ffn_gate is None
+
+
+def test_format_6_without_the_reasons_still_loads(engine_dir: Path) -> None:
+    """Format 7 only added optional records: a format 6 manifest (no kv.chosen_by,
+    kv.reason, ffn_skip) loads, and its engine serves."""
+    def to_format_6(d: dict[str, Any]) -> None:
+        d.update(format_version=6)
+        for key in ("chosen_by", "reason"):
+            d["kv"].pop(key)
+        d.pop("ffn_skip")
+
+    _edit(engine_dir, to_format_6)
+    m = load_manifest(engine_dir)
+    assert m.format_version == 6 and m.ffn_skip is None
+    assert m.kv.chosen_by is None and m.kv.reason is None and m.kv.dtype == "float32"
+    engine = load_engine(engine_dir)
+    assert engine.manifest == m

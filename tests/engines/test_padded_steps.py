@@ -92,6 +92,6 @@ def test_float_and_generic_engines_are_not_padded(engines: dict[str, Path],
     from rung.export.exporter import ExportOptions, export
 
     assert _engine(engines["llama"]).min_positions == 1        # fp32
-    export(ROOT / "models" / "edge-tiny", tmp_path, ExportOptions(weights="int4",
+    export(ROOT / "models" / "edge-tiny", tmp_path, ExportOptions(weights="int4", kv="fp8",
                                                                   ffn_skip="off"))
     assert _engine(tmp_path).min_positions == 1                # int4, generic graph (fp8 KV)

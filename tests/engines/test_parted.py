@@ -31,8 +31,10 @@ def _steps(engine: OnnxEngine, allow_skip: bool = False) -> tuple[list[np.ndarra
 
 def _same(a: OnnxEngine, b: OnnxEngine, allow_skip: bool = False) -> None:
     (la, ka), (lb, kb) = _steps(a, allow_skip), _steps(b, allow_skip)
-    assert all(np.array_equal(x, y) for x, y in zip(la, lb, strict=True))
-    assert all(np.array_equal(x, y) for x, y in zip(ka, kb, strict=True))
+    # equal_nan: a padded position's logits (a row's tokens past its own in a longer step)
+    # are never read, and fp16-KV graphs give NaN there
+    assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(la, lb, strict=True))
+    assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(ka, kb, strict=True))
 
 
 def _load(engine_dir: Path, parts: int) -> OnnxEngine:

@@ -30,18 +30,19 @@ def _export_with_gates(hf: Path, out: Path, bias: float,
     of the model with its FFNs zeroed."""
     real = exporter.prepare_gates
 
-    def forced(ckpt: Any, opts: ExportOptions) -> dict[str, Any] | None:
+    def forced(ckpt: Any, opts: ExportOptions, held: Any = None
+               ) -> tuple[dict[str, Any] | None, dict[str, str]]:
         model = ckpt.model
         if zero_ffn:
             with torch.no_grad():
                 for layer in model.model.layers:
                     layer.mlp.down_proj.weight.zero_()
-            return real(ckpt, opts)
+            return real(ckpt, opts, held)
         model.add_ffn_gates()
         with torch.no_grad():
             for layer in model.model.layers:
                 layer.mlp.ffn_gate.proj.bias.fill_(bias)
-        return {"mode": "forced"}
+        return {"mode": "forced"}, {"requested": "forced", "mode": "forced", "reason": "test"}
 
     monkeypatch.setattr(exporter, "prepare_gates", forced)
     export(hf, out, ExportOptions(kv="fp32", max_seq=64, graph=graph))
@@ -206,9 +207,11 @@ def test_trained_gates_load_from_a_checkpoint(checkpoints: dict[str, tuple[Path,
     engine = load_engine(tmp_path / "e")
     _decode(engine, [5, 6, 7], 4)
     assert engine.ffn_skips is not None and engine.ffn_skips.tolist() == [0, 4]
-    # the default (auto) keeps the gates the checkpoint carries; off drops them
-    assert export(hf, tmp_path / "a", ExportOptions(kv="fp32", max_seq=64)).ffn_gate == {
-        "mode": "trained"}
+    # the default (auto) keeps the gates the checkpoint carries where dropping them costs
+    # more than the budget (layer 1 always skipping: measured far over 0.05); off drops them
+    auto = export(hf, tmp_path / "a", ExportOptions(kv="fp32", max_seq=64))
+    assert auto.ffn_gate == {"mode": "trained"} and auto.ffn_skip is not None
+    assert "over the budget 0.05" in auto.ffn_skip["reason"]
     plain = export(hf, tmp_path / "p", ExportOptions(kv="fp32", max_seq=64, ffn_skip="off"))
     assert plain.ffn_gate is None and "If" not in _op_types(tmp_path / "p")
     assert load_manifest(tmp_path / "p").outputs[1].name != "ffn_skipped"

@@ -189,10 +189,13 @@ def test_linear_weights_shrink(quantized: dict[tuple[str, str, str], Path],
         assert size < bound * fp32_file, (weights, size, fp32_file)
 
 
-def test_ffn_branches_are_quantized_and_still_skip(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kv,products", [("fp8", 3), ("fp16", 2)])  # generic, fused
+def test_ffn_branches_are_quantized_and_still_skip(kv: str, products: int,
+                                                   tmp_path: Path) -> None:
     """The trained demo model with its gates: the FFNs inside the ``If`` branches become
-    MatMulNBits, the gate probes stay float, decode still skips."""
-    m = export(EDGE_TINY, tmp_path, ExportOptions(weights="int4", max_seq=256,
+    MatMulNBits (gate and up packed into one on the fused graph), the gate probes stay
+    float, decode still skips."""
+    m = export(EDGE_TINY, tmp_path, ExportOptions(weights="int4", max_seq=256, kv=kv,
                                                   ffn_skip="trained"))
     assert m.parity is not None and m.parity.passed and m.ffn_gate == {"mode": "trained"}
     proto = _graph(tmp_path)
@@ -200,7 +203,8 @@ def test_ffn_branches_are_quantized_and_still_skip(tmp_path: Path) -> None:
     run = [g for g in branches if g.name.startswith("run_")]
     assert len(run) == m.dims.num_layers
     for g in run:
-        assert sorted(n.op_type for n in g.node if "MatMul" in n.op_type) == ["MatMulNBits"] * 3
+        assert sorted(n.op_type for n in g.node
+                      if "MatMul" in n.op_type) == ["MatMulNBits"] * products
     probes = [n for n in proto.graph.node if n.op_type == "MatMul"
               and n.input[1].endswith("ffn_gate.proj.weight_t")]
     assert len(probes) == m.dims.num_layers
