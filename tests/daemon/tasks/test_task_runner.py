@@ -176,3 +176,34 @@ def test_fast_is_refused_where_it_would_answer_otherwise(weights: str, gated: bo
     with pytest.raises(GenerationError, match=f"--decode fast: .*\\({why}\\)") as e:
         fast_decoding("fast", _engine(weights, gated, layout), "--decode")  # type: ignore[arg-type]
     assert e.value.hint is not None and "auto" in e.value.hint
+
+
+def test_a_validator_bug_is_logged_with_its_traceback_and_told_in_brief(
+        runner: TaskRunner, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from rung.daemon.tasks import runner as runner_module
+
+    def broken(*_: object, **__: object) -> None:
+        raise KeyError("parser state dump of some library")
+
+    monkeypatch.setattr(runner_module, "validate_output", broken)
+    caplog.set_level(logging.ERROR, "rung.tasks")
+    from rung.daemon.tasks.runner import Prepared
+    from rung.engines.sequence import Generation
+
+    data = {"asset": "pump", "points": [{"name": "p", "value": 1.0}]}
+    prepared = runner.prepare("diagnosis", data, SamplingParams())
+    assert isinstance(prepared, Prepared)
+    from dataclasses import replace
+
+    prepared = replace(prepared, prefix="")   # the whole answer is the text below
+    gen = Generation(prompt_tokens=3, token_ids=[1], text='{"state_detection": []}',
+                     ttft_ms=1.0, finish_reason="stop", decode_tok_s=1.0)
+    res = runner.finish(prepared, gen)
+    assert not res.ok and res.error is not None and res.error["code"] == "internal"
+    assert "parser state dump" not in res.error["message"]
+    assert "(KeyError)" in res.error["message"]
+    (rec,) = [r for r in caplog.records if "failed inside rung" in r.getMessage()]
+    assert rec.exc_info is not None
