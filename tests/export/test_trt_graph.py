@@ -43,12 +43,14 @@ def gated_engine(checkpoints: dict[str, tuple[Path, Any]],
     """FFN gates that always skip where allowed (the If's then-branch) and run otherwise."""
     real = exporter.prepare_gates
 
-    def forced(ckpt: Any, opts: ExportOptions) -> dict[str, Any]:
+    def forced(ckpt: Any, opts: ExportOptions,
+               held: Any = None) -> tuple[dict[str, Any], dict[str, str]]:
         ckpt.model.add_ffn_gates()
         with torch.no_grad():
             for layer in ckpt.model.model.layers:
                 layer.mlp.ffn_gate.proj.bias.fill_(5.0)
-        return {"mode": "forced"}
+        return {"mode": "forced"}, {"requested": "forced", "mode": "forced",
+                                    "reason": "gates forced open by the test"}
 
     exporter.prepare_gates = forced
     try:
