@@ -120,12 +120,13 @@ def _gated(checkpoints: dict[str, tuple[Path, Any]], out: Path, bias: float,
     from rung.export.exporter import ExportOptions
     from rung.export.trt_build import TrtBuildOptions, export_trt
 
-    def forced(ckpt: Any, opts: ExportOptions) -> dict[str, Any]:
+    def forced(ckpt: Any, opts: ExportOptions,
+               held: Any = None) -> tuple[dict[str, Any], dict[str, str]]:
         ckpt.model.add_ffn_gates()
         with torch.no_grad():
             for layer in ckpt.model.model.layers:
                 layer.mlp.ffn_gate.proj.bias.fill_(bias)
-        return {"mode": "forced"}
+        return {"mode": "forced"}, {"requested": "forced", "mode": "forced", "reason": "test"}
 
     monkeypatch.setattr(exporter, "prepare_gates", forced)
     export_trt(checkpoints["llama"][0], out, ExportOptions(weights="fp16", kv="fp16",
