@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -121,7 +120,6 @@ class Supervisor:
     async def _keep(self, part: _Part) -> None:
         assert part.run is not None
         while True:
-            started = time.monotonic()
             err: BaseException | None = None
             try:
                 await part.run()
@@ -133,9 +131,7 @@ class Supervisor:
                 return   # the part was asked to stop (its own ``stop``) and did
             if self.stopping:
                 return
-            if time.monotonic() - started >= self.policy.healthy_s:
-                part.failures = 0
-            part.failures += 1
+            part.failures += 1   # reset by ``_recovered`` once a run lasts healthy_s
             if isinstance(err, Fatal) or part.failures > self.policy.restarts:
                 how = ("cannot go on" if isinstance(err, Fatal)
                        else f"gave up after {part.failures - 1} restarts")

@@ -237,7 +237,7 @@ def handwritten(model_dir: Path, path: Path,
                        for data in inputs]
             for r in results:
                 err = r.error or {}
-                quality.add(task, judge(task, r.validation, r.output,
+                quality.add(task, judge(task, r.validation,
                                         error=f"{err.get('code')}: {err.get('message')}"))
             entry: dict[str, Any] = {
                 "n": len(inputs), **quality.report()[task],

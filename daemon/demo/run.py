@@ -169,13 +169,13 @@ def _show(task: str, inputs: list[dict[str, Any]], replies: list[dict[str, Any]]
     print(f"\n=== {task}: {next(iter(data.values()))}")
     if shown.get("ok"):
         print(_summary(task, shown["output"], shown["validation"]))
-        print("--- valid")
+        print("--- right (every check passed)")
     else:
         err = shown.get("error") or {}
         print(f"--- not valid: {err.get('code')}: {err.get('message')}")
     tally = Tally()
     for r in replies:
-        tally.add(task, judge(task, r.get("validation"), r.get("output"),
+        tally.add(task, judge(task, r.get("validation"),
                               error=(r.get("error") or {}).get("message")))
     print(f"--- held-out {task} instructions: {tally.right[task]} of {len(replies)} answers "
           f"right (every check passed), {tally.valid[task]} of {len(replies)} valid")

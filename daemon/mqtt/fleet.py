@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import asyncio
 import calendar
-import collections
 import hashlib
 import json
 import logging
@@ -87,6 +86,7 @@ import aiomqtt
 from rung.daemon.config import MQTTConfig
 from rung.daemon.mqtt.journal import Entry, Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
+from rung.daemon.mqtt.oversize import Oversize
 
 log = logging.getLogger("rung.fleet")
 
@@ -120,33 +120,6 @@ def from_iso(v: Any) -> float | None:
         return float(calendar.timegm(time.strptime(v, "%Y-%m-%dT%H:%M:%SZ")))
     except ValueError:
         return None
-
-
-class Oversize:
-    """Inbound messages refused unparsed for their size, counted per kind (``counts``); the
-    1st, 10th, 100th, ... of a kind are logged, so a flood costs a few lines."""
-
-    def __init__(self, logger: logging.Logger, limit: int, what: str) -> None:
-        self.log, self.limit, self.what = logger, limit, what
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.observe: Callable[[str, str], None] | None = None   # (part, kind): metrics
-
-    def refuse(self, kind: str, topic: str, size: int) -> bool:
-        """True (counted, maybe logged) when ``size`` bytes are over the limit."""
-        if size <= self.limit:
-            return False
-        self.counts[kind] += 1
-        n = self.counts[kind]
-        if self.observe is not None:
-            self.observe(self.what, kind)
-        if n == 10 ** (len(str(n)) - 1):
-            self.log.warning("payload refused", extra={"rung_fields": {
-                "part": self.what, "kind": kind, "topic": topic[:200], "bytes": size,
-                "limit": self.limit, "refused": n,
-                "why": f"{size} bytes is over the limit of {self.limit} "
-                       "(mqtt.max_payload_bytes): dropped before parsing; logged for the "
-                       "1st, 10th, 100th, ... of its kind"}})
-        return True
 
 
 @dataclass(frozen=True)

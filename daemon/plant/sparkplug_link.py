@@ -37,8 +37,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from rung.daemon.config import MQTTConfig
-from rung.daemon.mqtt.fleet import Oversize
 from rung.daemon.mqtt.link import connect_args, no_delay
+from rung.daemon.mqtt.oversize import Oversize
 from rung.daemon.plant.sparkplug import NAMESPACE, EdgeNode, Message
 
 __all__ = ["SparkplugLink"]

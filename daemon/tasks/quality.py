@@ -7,7 +7,7 @@
   assigned; gates under the top event, evidence quoting the real value; evidence from
   abnormal points only, priority from the worst state, no remaining life from one
   snapshot), and an ST answer that comes with test vectors *behaves* right when executed
-  (``st_exec.run_vectors``: inputs over time on a simulated clock, outputs compared).
+  (the ``behaviour`` section: ``st_exec.run_vectors`` on a simulated clock).
 
 ``judge`` gives one answer's verdict and the reason it is not right; ``Tally`` counts them
 per task (the eval and ``rung demo`` print it).
@@ -49,11 +49,10 @@ def _failed(validation: Mapping[str, Any], names: tuple[str, ...] | None) -> str
     return None
 
 
-def judge(task: str, validation: Mapping[str, Any] | None, output: Any = None,
-          vectors: Mapping[str, Any] | None = None, error: str | None = None) -> Verdict:
-    """One answer's verdict. ``validation`` as the runner gives it (None: no answer,
-    ``error`` says why); ``vectors``: an ST request's test vectors (run against
-    ``output``)."""
+def judge(task: str, validation: Mapping[str, Any] | None,
+          error: str | None = None) -> Verdict:
+    """One answer's verdict from its validation as the runner gives it (None: no answer,
+    ``error`` says why)."""
     if not validation:
         return Verdict(False, False, error or "no answer")
     floor = FLOOR.get(task, ("schema",))
@@ -61,19 +60,7 @@ def judge(task: str, validation: Mapping[str, Any] | None, output: Any = None,
     if invalid is not None:
         return Verdict(False, False, invalid)
     wrong = _failed(validation, None)
-    if wrong is not None:
-        return Verdict(True, False, wrong)
-    if vectors is not None and isinstance(output, Mapping):
-        from rung.daemon.tasks.st_exec import run_vectors
-
-        run = run_vectors(output, vectors)
-        if not run.get("ok"):
-            if run.get("error"):
-                return Verdict(True, False, f"behaviour: {run['error']}")
-            f = (run.get("failures") or [{}])[0]
-            return Verdict(True, False, f"behaviour: at t = {f.get('t')} s {f.get('name')} "
-                                        f"is {f.get('got')!r}, expected {f.get('expected')!r}")
-    return Verdict(True, True)
+    return Verdict(True, wrong is None, wrong)
 
 
 @dataclass

@@ -176,7 +176,7 @@ def test_serve_refuses_bad_port(metrics: Metrics, port: object) -> None:
 def test_refused_payloads_are_counted_by_part_and_kind() -> None:
     import logging
 
-    from rung.daemon.mqtt.fleet import Oversize
+    from rung.daemon.mqtt.oversize import Oversize
 
     m = Metrics()
     o = Oversize(logging.getLogger("test"), 10, "sparkplug")

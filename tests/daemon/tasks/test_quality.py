@@ -34,7 +34,7 @@ NO_HYSTERESIS = "bPump := rLevel >= 70.0 OR rLevel <= 35.0 AND FALSE;"
 def _judge(body: str, data: dict[str, Any] = DRAIN) -> Any:
     output = _pou(body)
     ok, validation = validate_output({}, ("st",), output, data)
-    return ok, judge("st_code", validation, output)
+    return ok, judge("st_code", validation)
 
 
 def test_a_pou_that_behaves_is_right() -> None:
