@@ -8,6 +8,7 @@ style), writes its body lines and calls :meth:`Kit.finish` for the ``(input, out
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,6 +86,13 @@ VOCAB: dict[str, tuple[str, str]] = {
     "reverse": ("reverseActing", "umgekehrt"),
 }
 
+# the interface sections a request states
+INTERFACE = ("VAR_INPUT", "VAR_OUTPUT", "VAR_IN_OUT")
+# plant tags the interface names carry (motor M3, tank T1, pump P101, north door...)
+TAGS = ("M3", "_M1", "T1", "_T2", "P101", "_P2", "K4", "_C2", "Nord", "_Sued", "A", "_B",
+        "01", "_02", "XV12", "_HW3", "Line2", "_L1", "West", "_Ost")
+_PLAIN_INITIAL = re.compile(r"-?\d+(?:\.\d+)?|TRUE|FALSE")
+
 STYLES = ("camel", "camel", "pascal", "hungarian", "german", "german_hungarian")
 _PREFIX = {"BOOL": "b", "INT": "i", "DINT": "di", "UINT": "ui", "REAL": "r", "LREAL": "lr",
            "TIME": "t", "WORD": "w", "TON": "ton", "TOF": "tof", "TP": "tp", "R_TRIG": "rt",
@@ -148,6 +156,11 @@ class Kit:
         self.upper_time = rng.random() < 0.7
         self.variables: list[dict[str, str]] = []
         self.constraints: list[str] = []
+        # most plant requests state the POU's interface (the PLC's tags exist already): the
+        # answer then declares exactly those names first (code writes them, ``shaping``),
+        # often the plant's own, which no vocabulary predicts: the model learns to copy them
+        self.states_interface = rng.random() < 0.6
+        self.tag = rng.choice(TAGS) if self.states_interface and rng.random() < 0.6 else ""
 
     # --- names ---------------------------------------------------------------------------
 
@@ -191,7 +204,10 @@ class Kit:
     def var(self, section: str, concept: str, iec_type: str, initial: str | None = None,
             comment: str | None = None) -> str:
         """Declare a variable; return its name. The comment is kept at the sample's rate."""
-        v = {"section": section, "name": self.name(concept, iec_type), "type": iec_type}
+        name = self.name(concept, iec_type)
+        if self.tag and section in INTERFACE:
+            name += self.tag
+        v = {"section": section, "name": name, "type": iec_type}
         if initial is not None:
             v["initial"] = initial
         if comment and self.rng.random() < self.comment_rate:
@@ -241,19 +257,59 @@ class Kit:
         output: dict[str, Any] = {"pou_type": pou_type, "name": name}
         if return_type:
             output["return_type"] = return_type
-        output["variables"] = self.variables
+        stated = self._interface_constraints() if self.states_interface else []
+        output["variables"] = self._stated_first(stated)
         output["body"] = "\n".join(body)
         if assumptions and self.chance(0.3):
             output["assumptions"] = list(assumptions)
         self._style_constraint()
+        self.constraints = stated + self.constraints
         data: dict[str, Any] = {"description": description}
-        if self.chance(0.5):
+        if stated or self.chance(0.5):
             data["name"] = name
-        if self.chance(0.5):
+        if stated or self.chance(0.5):
             data["pou_type"] = pou_type
         if self.constraints:
             data["constraints"] = self.constraints
         return data, output
+
+    def _interface_constraints(self) -> list[str]:
+        """The interface as a plant engineer states it: a line per variable, per section,
+        or ``Inputs: a : REAL (...), b : BOOL``, the variables' comments in parentheses."""
+        form = self.rng.choice(("line", "line", "section", "plain"))
+        lines: list[str] = []
+        for section in INTERFACE:
+            decls = [self._decl(v) for v in self.variables if v["section"] == section]
+            if not decls:
+                continue
+            if form == "line":
+                lines += [f"{section} {d}" for d in decls]
+            elif form == "section":
+                lines.append(f"{section} " + ", ".join(decls))
+            else:
+                word = {"VAR_INPUT": "Inputs", "VAR_OUTPUT": "Outputs",
+                        "VAR_IN_OUT": "In/out"}[section]
+                word = word if self.chance(0.5) else word.lower()
+                lines.append(f"{word}: " + ", ".join(decls))
+        return lines
+
+    def _decl(self, v: dict[str, str]) -> str:
+        text = f"{v['name']} : {v['type']}"
+        if "initial" in v and _PLAIN_INITIAL.fullmatch(v["initial"]):
+            text += f" with initial value {v['initial']}"
+        if v.get("comment") and self.chance(0.7):
+            text += f" ({v['comment']})"
+        return text
+
+    def _stated_first(self, stated: list[str]) -> list[dict[str, str]]:
+        """The variables in the answer's order: those the request states first, exactly as
+        code writes them from the request (no comment; an initial value only where stated),
+        then the POU's own."""
+        from rung.daemon.tasks.st_request import interface
+
+        declared = interface({"constraints": stated})
+        names = {d["name"] for d in declared}
+        return declared + [v for v in self.variables if v["name"] not in names]
 
     def _style_constraint(self) -> None:
         b = self.bool_prefix

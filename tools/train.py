@@ -1,6 +1,12 @@
 """Train the shipped demo model (``models/edge-tiny``) from the task corpus, on CPU.
 
     python -m rung.tools.train --out models/edge-tiny [--samples 6000] [--minutes 45]
+    python -m rung.tools.train --out NEW --init models/edge-tiny [--gates]   # continue
+
+``--init DIR`` continues from a checkpoint this script wrote (its tokenizer and weights; the
+model's shape is the checkpoint's), on a corpus generated afresh. FFN skip gates are trained
+only with ``--gates``: a model without them decodes several tokens per step exactly
+(``docs/benchmarks``), one with them takes one ``If`` decision per step and decodes plain.
 
 1. Corpus: ``rung.tools.corpus.generate`` (seeded) -> chats rendered from the built-in task
    definitions (system prompt, user prompt template) with the answer as compact JSON.
@@ -55,6 +61,8 @@ class TrainConfig:
     sparsity: float = 0.02            # weight of the skip reward
     gate_temperature: tuple[float, float] = (1.0, 0.05)
     threads: int = 2
+    gates: bool = False               # train FFN skip gates jointly
+    init: str | None = None           # continue from this checkpoint (tokenizer, weights)
 
 
 def chat_text(task: Task, data: dict[str, Any], answer: dict[str, Any] | None) -> str:
@@ -131,15 +139,23 @@ def train(cfg: TrainConfig, samples: Sequence[dict[str, Any]], out: Path,
     rng = random.Random(cfg.seed)
     tasks = dict(load_tasks())
     texts = [chat_text(tasks[s["task"]], s["input"], s["output"]) for s in samples]
-    tok = build_tokenizer(cfg.vocab_size, texts)
+    if cfg.init is None:
+        tok = build_tokenizer(cfg.vocab_size, texts)
+        hf_cfg = model_config(cfg, tok)
+    else:
+        tok = Tokenizer.from_file(str(Path(cfg.init) / "tokenizer.json"))
+        hf_cfg = json.loads((Path(cfg.init) / "config.json").read_text())
     data = encode_samples(tok, tasks, samples, cfg.max_seq)
-    hf_cfg = model_config(cfg, tok)
     model = RungForCausalLM(parse_config(hf_cfg), cfg.max_seq)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.endswith("norm.weight"):
-                p.normal_(0.0, 0.02)
-    model.add_ffn_gates(cfg.gate_temperature[0])
+    if cfg.gates:
+        model.add_ffn_gates(cfg.gate_temperature[0])
+    if cfg.init is None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if not name.endswith("norm.weight"):
+                    p.normal_(0.0, 0.02)
+    else:
+        warm_start(model, Path(cfg.init))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01,
                             betas=(0.9, 0.95))
@@ -159,14 +175,15 @@ def train(cfg: TrainConfig, samples: Sequence[dict[str, Any]], out: Path,
                 g["lr"] = lr
             t_hi, t_lo = cfg.gate_temperature
             for layer in model.model.layers:
-                assert layer.mlp.ffn_gate is not None
-                layer.mlp.ffn_gate.temperature = t_hi * (t_lo / t_hi) ** frac
+                if layer.mlp.ffn_gate is not None:
+                    layer.mlp.ffn_gate.temperature = t_hi * (t_lo / t_hi) ** frac
             ids, answer, mask = collate(data, idx, pad)
             logits = model(ids, attention_mask=mask, gate_positions=answer)
             target = answer[:, 1:]
             ce = torch.nn.functional.cross_entropy(logits[:, :-1][target], ids[:, 1:][target])
-            skip = torch.stack([(p * answer).sum() / answer.sum()
-                                for p in model.skip_probs()]).mean()
+            probs = model.skip_probs()
+            skip = torch.stack([(p * answer).sum() / answer.sum() for p in probs]).mean() \
+                if probs else torch.zeros(())
             loss = ce - cfg.sparsity * skip
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -186,6 +203,22 @@ def train(cfg: TrainConfig, samples: Sequence[dict[str, Any]], out: Path,
               "minutes": (time.perf_counter() - t0) / 60, "history": history}
     save(model, tok, hf_cfg, out, result)
     return result
+
+
+def warm_start(model: RungForCausalLM, init: Path) -> None:
+    """Load ``init``'s weights into ``model``: every weight the model has must be there
+    (the tied head aside); gates the checkpoint has and the model does not are left out,
+    gates the model has and the checkpoint does not start fresh."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(init / "model.safetensors"))
+    own = model.state_dict()
+    kept = {k: v for k, v in state.items() if k in own}
+    missing = [k for k in own if k not in kept and k != "lm_head.weight"
+               and ".ffn_gate." not in k]
+    if missing:
+        raise SystemExit(f"{init}: no weights for {missing[:5]} (another model shape?)")
+    model.load_state_dict(kept, strict=False)
 
 
 def save(model: RungForCausalLM, tok: Tokenizer, hf_cfg: dict[str, Any], out: Path,
@@ -214,11 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=TrainConfig.samples)
     p.add_argument("--minutes", type=float, default=TrainConfig.minutes)
     p.add_argument("--max-steps", type=int, default=TrainConfig.max_steps)
+    p.add_argument("--lr", type=float, default=TrainConfig.lr)
+    p.add_argument("--init", type=Path, help="continue from this checkpoint")
+    p.add_argument("--gates", action="store_true", help="train FFN skip gates jointly")
     args = p.parse_args(argv)
     from rung.tools.corpus import generate
 
     cfg = TrainConfig(seed=args.seed, samples=args.samples, minutes=args.minutes,
-                      max_steps=args.max_steps)
+                      max_steps=args.max_steps, lr=args.lr, gates=args.gates,
+                      init=None if args.init is None else str(args.init))
     result = train(cfg, generate(cfg.samples, seed=cfg.seed), args.out)
     print(f"train: {result['steps']} steps, {result['parameters']} parameters, "
           f"{result['minutes']:.1f} min -> {args.out}")

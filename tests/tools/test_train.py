@@ -1,5 +1,6 @@
-"""Training smoke run: a few steps on a tiny config lower the loss, the gates get trained,
-and the result is a checkpoint rung exports with its trained gates."""
+"""Training smoke runs: a few steps on a tiny config lower the loss, the gates get trained
+(``--gates``) and the result is a checkpoint rung exports with its trained gates; a run
+continued from that checkpoint without gates starts where it left off and exports plain."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_smoke_training_lowers_loss_and_exports(tmp_path: Path) -> None:
     cfg = TrainConfig(samples=24, vocab_size=512, hidden_size=64, intermediate_size=160,
                       num_layers=2, num_heads=4, num_kv_heads=2, max_seq=1024,
                       batch_tokens=8192, lr=3e-3, warmup_steps=3, minutes=2.0,
-                      max_steps=12, sparsity=0.05)
+                      max_steps=12, sparsity=0.05, gates=True)
     result = train(cfg, generate(24, seed=3), tmp_path / "model", log=io.StringIO())
     losses = [h["loss"] for h in result["history"]]
     assert result["steps"] == 12 and losses[-1] < losses[0] * 0.9, losses
@@ -29,3 +30,20 @@ def test_smoke_training_lowers_loss_and_exports(tmp_path: Path) -> None:
                ExportOptions(kv="fp32", ffn_skip="trained", max_seq=1024))
     assert m.ffn_gate == {"mode": "trained"} and m.parity is not None and m.parity.passed
     assert load_manifest(tmp_path / "engine").tokenizer.chat_template
+
+
+def test_continued_training_starts_warm_and_drops_the_gates(tmp_path: Path) -> None:
+    small = {"samples": 24, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 160,
+             "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "max_seq": 1024,
+             "batch_tokens": 8192, "warmup_steps": 3, "minutes": 2.0}
+    first = train(TrainConfig(**small, max_steps=12, gates=True), generate(24, seed=3),
+                  tmp_path / "first", log=io.StringIO())
+    again = train(TrainConfig(**small, max_steps=3, init=str(tmp_path / "first")),
+                  generate(24, seed=4), tmp_path / "again", log=io.StringIO())
+    # warm: its first step keeps at least half of what the first run learned
+    f0, f1 = first["history"][0]["loss"], first["history"][-1]["loss"]
+    assert again["history"][0]["loss"] < f0 - 0.5 * (f0 - f1), (f0, f1, again["history"][0])
+    assert (tmp_path / "again" / "tokenizer.json").read_bytes() == \
+        (tmp_path / "first" / "tokenizer.json").read_bytes()
+    m = export(tmp_path / "again", tmp_path / "engine", ExportOptions(max_seq=1024))
+    assert m.ffn_gate is None
