@@ -13,10 +13,11 @@ from typing import Any
 from rung.tools.corpus_st_control import CONTROL
 from rung.tools.corpus_st_kit import Kit
 from rung.tools.corpus_st_logic import LOGIC
+from rung.tools.corpus_st_more import MORE
 
 Builder = Callable[[Kit], tuple[dict[str, Any], dict[str, Any]]]
 
-ARCHETYPES: dict[str, Builder] = {**CONTROL, **LOGIC}
+ARCHETYPES: dict[str, Builder] = {**CONTROL, **LOGIC, **MORE}
 """Archetype name -> builder."""
 
 

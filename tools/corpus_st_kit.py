@@ -96,7 +96,7 @@ _PLAIN_INITIAL = re.compile(r"-?\d+(?:\.\d+)?|TRUE|FALSE")
 STYLES = ("camel", "camel", "pascal", "hungarian", "german", "german_hungarian")
 _PREFIX = {"BOOL": "b", "INT": "i", "DINT": "di", "UINT": "ui", "REAL": "r", "LREAL": "lr",
            "TIME": "t", "WORD": "w", "TON": "ton", "TOF": "tof", "TP": "tp", "R_TRIG": "rt",
-           "F_TRIG": "ft", "CTU": "ctu"}
+           "F_TRIG": "ft", "CTU": "ctu", "CTD": "ctd", "CTUD": "ctud"}
 _FB_TYPES = frozenset({"TON", "TOF", "TP", "R_TRIG", "F_TRIG", "CTU", "CTD", "CTUD"})
 _POU_PREFIXES = {"FUNCTION_BLOCK": ("FB_", "FB_", "fb", "FB"), "PROGRAM": ("PRG_", "P_", "prg", ""),
                  "FUNCTION": ("FC_", "F_", "fn", "FUN_")}

@@ -40,6 +40,7 @@ from rung.daemon.tasks.task import Task, load_tasks
 from rung.export.arch import parse_config
 from rung.export.model import RungForCausalLM
 from rung.export.presets import CHATML, build_tokenizer
+from rung.tools.corpus import TASKS
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class TrainConfig:
     threads: int = 2
     gates: bool = False               # train FFN skip gates jointly
     init: str | None = None           # continue from this checkpoint (tokenizer, weights)
+    tasks: tuple[str, ...] = TASKS    # dealt round-robin (the corpus generator)
 
 
 def chat_text(task: Task, data: dict[str, Any], answer: dict[str, Any] | None) -> str:
@@ -250,13 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=TrainConfig.lr)
     p.add_argument("--init", type=Path, help="continue from this checkpoint")
     p.add_argument("--gates", action="store_true", help="train FFN skip gates jointly")
+    p.add_argument("--tasks", default=",".join(TASKS),
+                   help="tasks dealt round-robin; a task named twice gets twice the samples")
     args = p.parse_args(argv)
     from rung.tools.corpus import generate
 
     cfg = TrainConfig(seed=args.seed, samples=args.samples, minutes=args.minutes,
                       max_steps=args.max_steps, lr=args.lr, gates=args.gates,
-                      init=None if args.init is None else str(args.init))
-    result = train(cfg, generate(cfg.samples, seed=cfg.seed), args.out)
+                      init=None if args.init is None else str(args.init),
+                      tasks=tuple(t for t in args.tasks.split(",") if t))
+    result = train(cfg, generate(cfg.samples, seed=cfg.seed, tasks=cfg.tasks), args.out)
     print(f"train: {result['steps']} steps, {result['parameters']} parameters, "
           f"{result['minutes']:.1f} min -> {args.out}")
     return 0
