@@ -7,7 +7,8 @@ integer zero point ``z``, and means ``scale * (q - z)``:
 - symmetric: ``z`` fixed at ``2^(bits-1)`` (no zero point stored), the grid centred on 0;
 - asymmetric: ``z`` chosen per block (stored as uint8, two to a byte at 4 bits), so a block
   whose values lean to one side uses all ``2^bits`` levels. Real weights do lean: on
-  SmolLM2-135M symmetric int4 costs about 10x the KL of asymmetric (docs/benchmarks.md).
+  SmolLM2-135M symmetric int4 costs about 10x the KL of asymmetric
+  (docs/benchmarks/real-checkpoints.md).
 
 Scales are searched, not just taken from the block's range, as llama.cpp's K-quants do
 (``make_qkx2_quants``): several candidate scales around ``range / levels``, for each the
@@ -23,8 +24,10 @@ at 4 bits and are refused at 8), hence integer ``z``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 ROWS_PER_CHUNK = 2048  # bounds the search's temporaries: rows x K x candidates
 
@@ -34,21 +37,22 @@ class Blocks:
     """A quantized weight: ``q`` uint8 [N, nb, block], ``scale`` float32 [N, nb],
     ``zero`` uint8 [N, nb] (``None``: symmetric, ``2^(bits-1)``)."""
 
-    q: np.ndarray
-    scale: np.ndarray
-    zero: np.ndarray | None
+    q: npt.NDArray[np.uint8]
+    scale: npt.NDArray[np.float32]
+    zero: npt.NDArray[np.uint8] | None
     bits: int
     block: int
     k: int  # input channels before padding to whole blocks
 
-    def dequantize(self) -> np.ndarray:
+    def dequantize(self) -> npt.NDArray[np.float32]:
         """float32 [N, K]."""
         z = (np.float32(2 ** (self.bits - 1)) if self.zero is None
              else self.zero.astype(np.float32)[..., None])
         w = (self.q.astype(np.float32) - z) * self.scale[..., None]
         return w.reshape(len(w), -1)[:, :self.k]
 
-    def matmulnbits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def matmulnbits(self) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32],
+                                   npt.NDArray[np.uint8] | None]:
         """``MatMulNBits`` inputs B (uint8 [N, nb, block*bits/8]), scales (float32 [N*nb])
         and zero points (uint8 [N * ceil(nb*bits/8)], or None); 4-bit values two to a byte,
         low nibble first."""
@@ -56,7 +60,7 @@ class Blocks:
         packed = self.q if self.bits == 8 else (self.q[..., 0::2] | (self.q[..., 1::2] << 4))
         zero = None
         if self.zero is not None:
-            z = self.zero
+            z: npt.NDArray[np.integer[Any]] = self.zero
             if self.bits == 4:
                 if nb % 2:
                     z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
@@ -76,8 +80,9 @@ def concat(parts: list[Blocks]) -> Blocks:
                   first.k)
 
 
-def quantize(w: np.ndarray, bits: int, block: int, symmetric: bool = False,
-             importance: np.ndarray | None = None, candidates: int | None = None) -> Blocks:
+def quantize(w: npt.NDArray[np.floating[Any]], bits: int, block: int, symmetric: bool = False,
+             importance: npt.NDArray[np.float32] | None = None,
+             candidates: int | None = None) -> Blocks:
     """Quantize ``w`` [N, K] (float) to ``bits`` in blocks of ``block`` input channels.
 
     ``importance`` [K]: weight of each input channel in the rounding error (default equal).
@@ -102,8 +107,9 @@ def quantize(w: np.ndarray, bits: int, block: int, symmetric: bool = False,
     return Blocks(q, scale, zero, bits, block, k)
 
 
-def _search(x: np.ndarray, imp: np.ndarray, bits: int, symmetric: bool,
-            steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _search(x: npt.NDArray[np.float32], imp: npt.NDArray[np.float32], bits: int, symmetric: bool,
+            steps: int
+            ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32], npt.NDArray[np.uint8]]:
     """Best (codes, scale, zero) per block of ``x`` [R, nb, block] over ``steps``
     candidate scales, weighted squared error."""
     top = 2 ** bits - 1
@@ -139,7 +145,9 @@ def _search(x: np.ndarray, imp: np.ndarray, bits: int, symmetric: bool,
     return best_q, best_s.astype(np.float32), best_z.astype(np.uint8)
 
 
-def _refit(x: np.ndarray, imp: np.ndarray, c: np.ndarray, s: np.ndarray) -> np.ndarray:
+def _refit(x: npt.NDArray[np.float32], imp: npt.NDArray[np.float32],
+           c: npt.NDArray[np.floating[Any]], s: npt.NDArray[np.floating[Any]]
+           ) -> npt.NDArray[np.floating[Any]]:
     """Least-squares scale for fixed centred codes ``c``: argmin_s sum imp (s c - x)^2."""
     num = (imp * c * x).sum(-1)
     den = (imp * c * c).sum(-1)

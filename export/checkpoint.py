@@ -11,10 +11,11 @@ the fix.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -24,6 +25,8 @@ from rung.engines.manifest import TokenizerSpec
 from rung.engines.tokenizer import read_tokenizer_spec
 from rung.export.arch import ModelConfig, parse_config
 from rung.export.model import RungForCausalLM
+
+T = TypeVar("T")
 
 INDEX_NAME = "model.safetensors.index.json"
 # Tensors a checkpoint may carry that the model recomputes.
@@ -86,7 +89,7 @@ def weight_files(hf_dir: Path) -> dict[str, Path]:
     return dict.fromkeys(names, single)
 
 
-def _open(path: Path, fn: Callable[[Any], Any]) -> Any:
+def _open(path: Path, fn: Callable[[Any], T]) -> T:
     try:
         with safe_open(str(path), framework="pt") as f:
             return fn(f)
@@ -102,7 +105,7 @@ def load_state(hf_dir: Path) -> dict[str, torch.Tensor]:
         by_file.setdefault(f, []).append(name)
     state: dict[str, torch.Tensor] = {}
     for f, names in by_file.items():
-        state.update(_open(f, lambda h, names=names, f=f: _read(h, names, f)))
+        state.update(_open(f, partial(_read, names=names, path=f)))
     return state
 
 
@@ -151,7 +154,7 @@ def load_weights(model: RungForCausalLM, state: dict[str, torch.Tensor], where: 
             param.copy_(t.to(torch.float32))
 
 
-def unpack(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
+def unpack(state: dict[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
            where: Path) -> dict[str, torch.Tensor]:
     """Split packed projections (``PACKED``: Phi-3's ``qkv_proj``, ``gate_up_proj``) into
     the model's layers, by the rows each layer has."""

@@ -9,8 +9,8 @@ dequantizes the whole past every step: on a 2-core AVX-512 Xeon the demo model a
 demo requests 1.9x slower with fp8 than with fp16 on the fused graph, 10 of 15 answers as
 with fp32 KV against 15 of 15 (the issue behind ``auto`` reported the Qwen2.5-0.5B shape
 at less than half the fp16 rate, greedy prefix agreement 0.49 against 1.00), for a cache
-of 50 MB per 4,096-token sequence at fp16 on that shape (docs/benchmarks.md, "Defaults
-measured"). So:
+of 50 MB per 4,096-token sequence at fp16 on that shape (docs/benchmarks/ffn-and-defaults.md,
+"Defaults measured"). So:
 
 1. a target with a fused fp8 attention path takes fp8: TensorRT on compute capability 8.9
    and newer (Ada, Hopper, Blackwell, Jetson Thor), where the plan reads fp8 in place;
@@ -22,7 +22,7 @@ The engine's peak is estimated as the weights (as the graph stores them: fp32, f
 int8/int4 blocks with their scales and zero points; a tied LM head that int8/int4 quantize
 counted twice) plus the whole cache, times the peak RSS measured over that sum: 1.33 for
 float weights (ONNX Runtime packs them at load where steps hold several tokens, which
-fast decoding and batching make the usual case), 1.0 for int8/int4 (docs/benchmarks.md,
+fast decoding and batching make the usual case), 1.0 for int8/int4 (docs/benchmarks/startup.md,
 "Memory and load time"). ``max_batch`` is an export-time assumption (``--max-batch``,
 default 4: the rows a box decodes together, ``engine.max_batch``); with ``--target trt`` it
 is the plan's own ``--trt-max-batch``.
@@ -37,8 +37,8 @@ export's quality budget (mean KL, ``--quality-budget``): gates trained with the 
 part of it. On the demo model they are not dispensable: without them mean KL 0.79 on the
 held-out text (greedy agreement 0.48), 0.13 on its task answers, first-try valid st_code
 answers 75 % instead of 100 %; so its default engine keeps them and decodes plain, and
-``--ffn-skip off`` gives the fast engine with other answers (docs/benchmarks.md, "Defaults
-measured"). Where fast decoding would not be exact anyway (int8/int4 on the generic
+``--ffn-skip off`` gives the fast engine with other answers (docs/benchmarks/ffn-and-defaults.md,
+"Defaults measured"). Where fast decoding would not be exact anyway (int8/int4 on the generic
 graph) the gates are kept unmeasured: skipping is the only saving left there.
 
 The choices are pure functions (a GPU's compute capability and the gates' cost are given);
@@ -49,12 +49,14 @@ both are recorded in the manifest with their reason (``kv.chosen_by``/``kv.reaso
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rung.engines.drafts import inexact
 from rung.engines.manifest import HEAD_MAJOR, KV_LAYOUT
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
+
     from rung.export.model import RungForCausalLM
     from rung.export.quantize import QuantSpec
 
@@ -161,11 +163,12 @@ def weight_bytes(model: RungForCausalLM, weights: str, spec: QuantSpec | None) -
     names = [f"layers.{i}.{p}" for i in range(len(model.model.layers))
              for parts in LAYER_UNITS.values() for p in parts]
     for name in [*names, "lm_head"]:
-        mod = model.lm_head if name == "lm_head" else model.model.get_submodule(name)
-        n = int(mod.weight.numel())
+        w = (model.lm_head.weight if name == "lm_head"
+             else model.model.get_parameter(f"{name}.weight"))
+        n = int(w.numel())
         if name != "lm_head" or model.lm_head.weight is not model.model.embed_tokens.weight:
             total -= 4 * n   # the float copy the quantized one replaces
-        block = spec.block_of.get(name, spec.block_size)
+        block = spec.layer_block(name)
         total += n * spec.layer_bits(name) // 8 + -(-n // block) * 5
     return int(total)
 
@@ -176,7 +179,7 @@ def fast_without_gates(weights: str, fused: bool) -> bool:
     return inexact(weights, False, HEAD_MAJOR if fused else KV_LAYOUT) is None
 
 
-def ungated_cost(model: RungForCausalLM, rows: Any) -> dict[str, float]:
+def ungated_cost(model: RungForCausalLM, rows: npt.ArrayLike) -> dict[str, float]:
     """What dropping ``model``'s trained gates costs on ``rows`` [n, L] of held-out text:
     the logits without gates against the gated model's (every position but a row's first
     a decode step, where gates act), teacher-forced: mean KL, greedy agreement."""
@@ -192,8 +195,9 @@ def ungated_cost(model: RungForCausalLM, rows: Any) -> dict[str, float]:
     model.eval()
     with torch.no_grad():
         gated = torch.cat([model(r, gate_positions=s).reshape(-1, vocab)
-                           for r, s in zip(ids.split(4), steps.split(4), strict=True)])
-        plain = torch.cat([model(r).reshape(-1, vocab) for r in ids.split(4)])
+                           for r, s in zip(torch.split(ids, 4), torch.split(steps, 4),
+                                           strict=True)])
+        plain = torch.cat([model(r).reshape(-1, vocab) for r in torch.split(ids, 4)])
     cost = logit_metrics(gated.numpy(), plain.numpy())
     return {"mean_kl": cost["mean_kl"], "greedy_agreement": cost["greedy_agreement"]}
 

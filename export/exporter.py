@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import onnx
 
 from rung.engines.errors import ExportError
@@ -79,7 +81,7 @@ class ExportOptions:
     # 8.9+) or where the engine would not fit ``memory_budget_mb`` with an fp16 cache of
     # max_seq x ``max_batch`` tokens; fp16 (the fused graph) elsewhere: on the CPU fp8 runs
     # the generic graph, 1.9x slower on the demo model's requests and its answers drifting
-    # from fp32 KV's (docs/benchmarks.md, "Defaults measured")
+    # from fp32 KV's (docs/benchmarks/ffn-and-defaults.md, "Defaults measured")
     kv: str = "auto"
     max_seq: int | None = None
     norm_eps: float | None = None
@@ -95,7 +97,7 @@ class ExportOptions:
     quality_budget: float = 0.05
     symmetric: bool = False      # int8/int4: no zero points (the grid centred on 0)
     # fused (GroupQueryAttention & co., fp32/fp16 KV, fp32/int8/int4 weights) | generic |
-    # auto: fused wherever it applies (docs/benchmarks.md, "Fused graph")
+    # auto: fused wherever it applies (docs/benchmarks/peers.md, "Fused graph")
     graph: str = "auto"
     # --kv auto's sizing: the rows decoded together (an export-time assumption; the
     # daemon's engine.max_batch) and the engine's peak memory it must fit, in MiB
@@ -181,7 +183,7 @@ def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until verified
     fused = graph_form(opts, ckpt.config) == "fused"
-    imp: dict[str, Any] | None = None
+    imp: dict[str, npt.NDArray[np.float32]] | None = None
     cache: dict[tuple[str, int, int], Blocks] = {}
     mixed = None
     if spec is not None:
@@ -191,8 +193,7 @@ def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
             with step(f"choosing the weights kept at 8 bits (budget: mean KL "
                       f"{opts.quality_budget})"):
                 bits, mixed = choose(
-                    ckpt.model, calib, spec.layer_bits,
-                    lambda p: spec.block_of.get(p, spec.block_size), spec.symmetric, imp,
+                    ckpt.model, calib, spec.layer_bits, spec.layer_block, spec.symmetric, imp,
                     opts.quality_budget * SELECT_MARGIN, spec.lm_head_bits < 8, cache)
             spec = dataclasses.replace(spec, bits_of={**spec.bits_of, **bits})
     with step(f"writing ONNX graph ({'fused' if fused else 'generic'}, {weights} "
@@ -216,7 +217,7 @@ def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
 
 
 def _verify(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions, manifest: Manifest,
-            reference: RungForCausalLM, held: Any, tok: Tokenizer) -> Manifest:
+            reference: RungForCausalLM, held: npt.NDArray[np.int64], tok: Tokenizer) -> Manifest:
     """The graph against its reference, then the cost of each lossy choice against fp32,
     both on held-out real text; raises ``ExportError`` when either is out of bounds."""
     weights = str(opts.weights)
@@ -299,7 +300,8 @@ def plan(ckpt: Checkpoint, opts: ExportOptions) -> QuantSpec | None:
                                block_of=blocks)
 
 
-def real_text(ckpt: Checkpoint, tok: Tokenizer, opts: ExportOptions) -> tuple[Any, Any]:
+def real_text(ckpt: Checkpoint, tok: Tokenizer, opts: ExportOptions
+              ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Calibration and held-out rows [n, L] of real text: ``export/prompts.py``'s two sets;
     ``--calib-text`` replaces the calibration set."""
     length = min(TEXT_LENGTH, ckpt.model.max_seq)
@@ -347,7 +349,7 @@ def graph_form(opts: ExportOptions, cfg: ModelConfig | None = None) -> str:
     return "fused" if opts.graph == "fused" or (opts.graph == "auto" and fits) else "generic"
 
 
-def prepare_gates(ckpt: Checkpoint, opts: ExportOptions, held: Any = None
+def prepare_gates(ckpt: Checkpoint, opts: ExportOptions, held: npt.NDArray[np.int64] | None = None
                   ) -> tuple[dict[str, Any] | None, dict[str, str]]:
     """Strip, fit or keep the FFN gates: the manifest's ``ffn_gate`` record (None without
     gates) and ``ffn_skip``, the option resolved (``requested``, ``mode``, ``reason``).
@@ -407,7 +409,7 @@ def kv_dtype(ckpt: Checkpoint, opts: ExportOptions, spec: QuantSpec | None) -> K
 
 def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
                 spec: QuantSpec | None = None, fused: bool = False,
-                imp: dict[str, Any] | None = None,
+                imp: dict[str, npt.NDArray[np.float32]] | None = None,
                 cache: dict[tuple[str, int, int], Blocks] | None = None) -> RungForCausalLM:
     """Write ``model.onnx`` (+ data) for ``weights``, fused or generic; returns the PyTorch
     model the graph computes, the reference of the parity check: the checkpoint's own, or

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from rung.engines.errors import ExportError
@@ -48,27 +49,31 @@ def _chunks(ids: list[int], length: int) -> torch.Tensor:
     return torch.tensor(ids[:n * length]).view(n, length)
 
 
-def _record(model: RungForCausalLM, batch: torch.Tensor) -> tuple[list[np.ndarray], ...]:
+def _record(model: RungForCausalLM, batch: torch.Tensor
+            ) -> tuple[list[npt.NDArray[np.float32]], list[npt.NDArray[np.float32]]]:
     """Per layer: FFN inputs h [N, H] and log relative contributions [N]."""
-    hs: list[list[np.ndarray]] = [[] for _ in model.model.layers]
-    ys: list[list[np.ndarray]] = [[] for _ in model.model.layers]
+    hs: list[list[npt.NDArray[np.float32]]] = [[] for _ in model.model.layers]
+    ys: list[list[npt.NDArray[np.float32]]] = [[] for _ in model.model.layers]
     hooks = []
     for i, layer in enumerate(model.model.layers):
-        def hook(mod: Any, args: Any, out: torch.Tensor, i: int = i) -> None:
+        def hook(mod: torch.nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor,
+                 i: int = i) -> None:
             h = args[0]
             hs[i].append(h.reshape(-1, h.shape[-1]).numpy())
-        def resid(mod: Any, args: Any, out: torch.Tensor, i: int = i) -> None:
+        def resid(mod: torch.nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor,
+                  i: int = i) -> None:
             ys[i].append(args[0].reshape(-1, args[0].shape[-1]).norm(dim=-1).numpy())
         hooks.append(layer.mlp.register_forward_hook(hook))
         hooks.append(layer.ffn_norm.register_forward_hook(resid))
-    contrib: list[list[np.ndarray]] = [[] for _ in model.model.layers]
+    contrib: list[list[npt.NDArray[np.float32]]] = [[] for _ in model.model.layers]
     for i, layer in enumerate(model.model.layers):
-        def out_hook(mod: Any, args: Any, out: torch.Tensor, i: int = i) -> None:
+        def out_hook(mod: torch.nn.Module, args: tuple[torch.Tensor, ...],
+                     out: torch.Tensor, i: int = i) -> None:
             contrib[i].append(out.reshape(-1, out.shape[-1]).norm(dim=-1).numpy())
         hooks.append(layer.mlp.register_forward_hook(out_hook))  # its post norm included
     try:
         with torch.no_grad():
-            for row in batch.split(4):
+            for row in torch.split(batch, 4):
                 model(row)
     finally:
         for h in hooks:
@@ -79,7 +84,8 @@ def _record(model: RungForCausalLM, batch: torch.Tensor) -> tuple[list[np.ndarra
     return h_all, y_all
 
 
-def _fit(h: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, float]:
+def _fit(h: npt.NDArray[np.float32], y: npt.NDArray[np.float32]
+         ) -> tuple[npt.NDArray[np.float64], float, float]:
     """Ridge regression y ~ h.w + b; returns (w, b, r2)."""
     x = np.concatenate([h.astype(np.float64), np.ones((len(h), 1))], axis=1)
     reg = RIDGE * len(h) * np.eye(x.shape[1])
@@ -90,7 +96,7 @@ def _fit(h: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float, float]:
     return coef[:-1], float(coef[-1]), r2
 
 
-def _set_gates(model: RungForCausalLM, probes: list[tuple[np.ndarray, float]],
+def _set_gates(model: RungForCausalLM, probes: list[tuple[npt.NDArray[np.float64], float]],
                tau: float) -> None:
     with torch.no_grad():
         for layer, (w, b) in zip(model.model.layers, probes, strict=True):
@@ -101,13 +107,14 @@ def _set_gates(model: RungForCausalLM, probes: list[tuple[np.ndarray, float]],
             gate.proj.bias.fill_(tau - b)
 
 
-def _evaluate(model: RungForCausalLM, heldout: torch.Tensor, ref: np.ndarray
+def _evaluate(model: RungForCausalLM, heldout: torch.Tensor, ref: npt.NDArray[np.float32]
               ) -> tuple[dict[str, float], list[float]]:
     gate_positions = torch.ones(heldout.shape, dtype=torch.bool)
     gate_positions[:, 0] = False  # a prompt's first token is always prefilled
     logits, rates = [], []
     with torch.no_grad():
-        for row, pos in zip(heldout.split(4), gate_positions.split(4), strict=True):
+        for row, pos in zip(torch.split(heldout, 4), torch.split(gate_positions, 4),
+                            strict=True):
             logits.append(model(row, gate_positions=pos).reshape(-1, model.cfg.vocab_size))
             rates.append([float(p[:, 1:].mean()) * len(row) for p in model.skip_probs()])
     per_layer = (np.array(rates).sum(0) / len(heldout)).tolist()
@@ -137,7 +144,7 @@ def calibrate(model: RungForCausalLM, ids: list[int], budget: float, chunk: int 
     probes = [(w, b) for w, b, _ in fits]
     with torch.no_grad():
         ref = torch.cat([model(r).reshape(-1, model.cfg.vocab_size)
-                         for r in held.split(4)]).numpy()
+                         for r in torch.split(held, 4)]).numpy()
     model.add_ffn_gates()
     preds = np.concatenate([h @ w + b for h, (w, b) in zip(h_all, probes, strict=True)])
     # candidate thresholds: quantiles of the predicted contributions, 0..90 % skipped

@@ -31,9 +31,10 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from rung.engines.errors import CheckpointError
@@ -168,6 +169,7 @@ class _Header:
 
     def string(self, what: str) -> int:
         """Skip a string; its offset."""
+        n: int
         (n,) = self.take("Q", what)
         if n > self.left():
             raise self.fail(f"{what} claims a string of {n} bytes, but {self.left()} bytes "
@@ -618,7 +620,10 @@ def _type_of(reader: Any, name: str) -> str:
     return str(next(t.tensor_type.name for t in reader.tensors if t.name == name))
 
 
-def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+G = TypeVar("G", bound=np.generic)
+
+
+def unpermute(w: npt.NDArray[G], heads: int) -> npt.NDArray[G]:
     """Undo llama.cpp's q/k row order: per head, rows ``(d/2, 2)`` back to ``(2, d/2)``."""
     half = w.shape[0] // heads // 2
     return np.ascontiguousarray(

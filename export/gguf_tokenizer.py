@@ -15,6 +15,7 @@ GGUFs) are not read yet.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -30,22 +31,22 @@ QWEN2 = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^
          "\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 
 
-def _gpt2() -> Any:
+def _gpt2() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
-def _digits_then_gpt2() -> Any:
+def _digits_then_gpt2() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2()])
 
 
-def _split(pattern: str) -> Any:
+def _split(pattern: str) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 # tokenizer.ggml.pre -> the pre-tokenizer, as the model's own tokenizer.json has it
-PRE_TOKENIZERS = {
+PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
     "default": _gpt2, "gpt-2": _gpt2,
     # SmolLM / StarCoder: every digit alone, then GPT-2's split
     "smollm": _digits_then_gpt2, "starcoder": _digits_then_gpt2, "refact": _digits_then_gpt2,

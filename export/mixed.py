@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from rung.export.blockquant import Blocks, quantize
@@ -69,9 +70,8 @@ def units(model: RungForCausalLM, with_head: bool) -> list[Unit]:
     out = []
     for i, layer in enumerate(model.model.layers):
         for name, parts in LAYER_UNITS.items():
-            mods = [layer.get_submodule(p) for p in parts]
             out.append(Unit(f"layers.{i}.{name}", tuple(f"layers.{i}.{p}" for p in parts), i,
-                            sum(m.weight.numel() for m in mods)))
+                            sum(layer.get_parameter(f"{p}.weight").numel() for p in parts)))
     if with_head:
         out.append(Unit("lm_head", ("lm_head",), len(model.model.layers),
                         model.lm_head.weight.numel()))
@@ -84,7 +84,8 @@ def module(model: RungForCausalLM, name: str) -> torch.nn.Linear:
     return found
 
 
-def importance(model: RungForCausalLM, rows: np.ndarray) -> dict[str, np.ndarray]:
+def importance(model: RungForCausalLM, rows: npt.NDArray[np.int64]
+               ) -> dict[str, npt.NDArray[np.float32]]:
     """Per linear layer (``layers.3.mlp.down_proj``, ``lm_head``): the mean square of each
     input channel over ``rows`` [n, L] of calibration tokens."""
     sums: dict[str, torch.Tensor] = {}
@@ -93,7 +94,8 @@ def importance(model: RungForCausalLM, rows: np.ndarray) -> dict[str, np.ndarray
     names = [n for n, m in model.model.named_modules() if isinstance(m, torch.nn.Linear)
              and "ffn_gate" not in n]
     for name in [*names, "lm_head"]:
-        def hook(mod: Any, args: Any, out: Any, name: str = name) -> None:
+        def hook(mod: torch.nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor,
+                 name: str = name) -> None:
             x = args[0].reshape(-1, args[0].shape[-1]).double()
             sums[name] = sums.get(name, 0) + (x * x).sum(0)
         hooks.append(module(model, name).register_forward_hook(hook))
@@ -108,9 +110,9 @@ def importance(model: RungForCausalLM, rows: np.ndarray) -> dict[str, np.ndarray
     return {n: (s / count[0]).float().numpy() for n, s in sums.items()}
 
 
-def choose(model: RungForCausalLM, rows: np.ndarray, bits_of: Callable[[str], int],
+def choose(model: RungForCausalLM, rows: npt.NDArray[np.int64], bits_of: Callable[[str], int],
            block_of: Callable[[str], int], symmetric: bool,
-           imp: dict[str, np.ndarray], target: float, with_head: bool,
+           imp: dict[str, npt.NDArray[np.float32]], target: float, with_head: bool,
            cache: dict[tuple[str, int, int], Blocks]) -> tuple[dict[str, int], Choice]:
     """Which units go to 8 bits (``{module name: 8}`` for each of their parts) so that the
     model quantized as planned (``bits_of``, ``block_of`` per module) stays within
@@ -196,7 +198,8 @@ def untied_copy(model: RungForCausalLM) -> RungForCausalLM:
 
 
 def _rounded(cache: dict[tuple[str, int, int], Blocks], name: str, w: torch.Tensor,
-             bits: int, block: int, symmetric: bool, imp: np.ndarray | None) -> torch.Tensor:
+             bits: int, block: int, symmetric: bool, imp: npt.NDArray[np.float32] | None
+             ) -> torch.Tensor:
     key = (name, bits, block)
     if key not in cache:
         cache[key] = quantize(w.numpy(), bits, block, symmetric, imp)

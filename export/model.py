@@ -19,8 +19,9 @@ cached ONNX graph against it, calibration and training use it directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import cast, overload
 
 import torch
 from torch import nn
@@ -145,7 +146,8 @@ class Attention(nn.Module):
         k = k.repeat_interleave(c.kv_groups, dim=1)
         v = v.repeat_interleave(c.kv_groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=c.attn_scale)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, c.num_heads * d))
+        y: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, s, c.num_heads * d))
+        return y
 
 
 class FFNGate(nn.Module):
@@ -162,7 +164,8 @@ class FFNGate(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         # h: [B, S, H] -> z: [B, S]
-        return self.proj(h).squeeze(-1)
+        z: torch.Tensor = self.proj(h)
+        return z.squeeze(-1)
 
 
 class FFN(nn.Module):
@@ -187,16 +190,17 @@ class FFN(nn.Module):
         self.last_skip_prob: torch.Tensor | None = None
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        y: torch.Tensor = self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return y
 
     def forward(self, x: torch.Tensor, gate_positions: torch.Tensor | None = None,
                 post: nn.Module | None = None) -> torch.Tensor:
         """``post``: a norm on the output (Gemma's ``post_feedforward_layernorm``), applied
         before a skipped token's output is dropped."""
-        out = self.dense(x) if post is None else post(self.dense(x))
+        out: torch.Tensor = self.dense(x) if post is None else post(self.dense(x))
         if self.ffn_gate is None or gate_positions is None:
             return out
-        z = self.ffn_gate(x)                                            # [B, S]
+        z: torch.Tensor = self.ffn_gate(x)                              # [B, S]
         if self.training:
             skip = torch.sigmoid(z / self.ffn_gate.temperature) * gate_positions
             self.last_skip_prob = skip
@@ -237,14 +241,36 @@ class Block(nn.Module):
         if self.pre_feedforward_layernorm is not None:
             a = self.post_attention_layernorm(a)
         x = x + a
-        return x + self.mlp(self.ffn_norm(x), gate_positions, self.post_feedforward_layernorm)
+        f: torch.Tensor = self.mlp(self.ffn_norm(x), gate_positions,
+                                   self.post_feedforward_layernorm)
+        return x + f
+
+
+class BlockList(nn.ModuleList):
+    """The decoder layers: an ``nn.ModuleList`` of ``Block``, typed so (``nn.ModuleList``
+    gives back a plain ``nn.Module``)."""
+
+    def __init__(self, blocks: Iterable[Block] | None = None) -> None:
+        super().__init__(blocks)
+
+    @overload
+    def __getitem__(self, idx: slice) -> BlockList: ...
+
+    @overload
+    def __getitem__(self, idx: int) -> Block: ...
+
+    def __getitem__(self, idx: int | slice) -> Block | BlockList:
+        return cast("Block | BlockList", super().__getitem__(idx))
+
+    def __iter__(self) -> Iterator[Block]:
+        return cast(Iterator[Block], super().__iter__())
 
 
 class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.layers = BlockList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
 
 
@@ -309,7 +335,7 @@ class RungForCausalLM(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Hidden states [B, S, H] entering the first layer."""
-        x = self.model.embed_tokens(input_ids)
+        x: torch.Tensor = self.model.embed_tokens(input_ids)
         if self.cfg.embed_scale != 1.0:  # Gemma: sqrt(hidden), rounded to float32 first
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         return x
@@ -321,7 +347,8 @@ class RungForCausalLM(nn.Module):
         ``frame`` as ``frame()`` builds it."""
         for layer in self.model.layers[start:]:
             x = layer(x, frame, gate_positions)
-        logits = self.lm_head(self.model.norm(x)).float()
+        head: torch.Tensor = self.lm_head(self.model.norm(x))
+        logits = head.float()
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

@@ -33,7 +33,10 @@ does.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 import onnx
 import torch
 from onnx import TensorProto, helper
@@ -64,8 +67,8 @@ FUSED_KV = ("float32", "float16")
 PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
-def project(g: Builder, x: str, weight: np.ndarray, bias: np.ndarray | None, name: str,
-            dot: bool) -> str:
+def project(g: Builder, x: str, weight: npt.NDArray[np.float32],
+            bias: npt.NDArray[np.float32] | None, name: str, dot: bool) -> str:
     """``x @ weight.T + bias`` for ``weight`` [out, in]. ``dot``: kept as [out, in] and run
     by ``FusedMatMul(transB=1)``, each output a dot product over a contiguous row (fp32 on
     the Qwen2.5-0.5B shape, 2 threads: 23 GB/s of weights read per decode step against 21
@@ -140,7 +143,7 @@ def attention(g: Builder, model: RungForCausalLM, i: int, h: str, dot: bool) -> 
     out = g.fresh("attn")
     kind = c.layer_type(i)
     stem = ROPE_NAMES[kind if kind in c.rope_kinds else FULL]
-    extra: dict[str, object] = {}
+    extra: dict[str, Any] = {}
     window = c.window(i)
     if window is not None:
         # ONNX Runtime 1.32's CPU kernel lets a query see local_window_size keys, itself
@@ -246,7 +249,7 @@ def fused_io_specs(model: RungForCausalLM) -> tuple[list[TensorSpec], list[Tenso
     kv_dtype = model.model.layers[0].self_attn.kv_dtype
     if kv_dtype not in KV_ONNX:
         raise ValueError(f"unknown KV dtype {kv_dtype}")
-    cache = ["B", c.num_kv_heads, "C", c.head_dim]
+    cache: list[str | int] = ["B", c.num_kv_heads, "C", c.head_dim]
     inputs, outputs = step_specs(model, [TensorSpec("seqlens_k", "int32", ["B"]),
                                          TensorSpec("query_seqlens", "int32", ["B"]),
                                          TensorSpec("total_sequence_length", "int32", [])])

@@ -14,8 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
@@ -40,27 +42,27 @@ class Builder:
         self.counter += 1
         return f"{hint}_{self.counter}"
 
-    def init(self, name: str, array: np.ndarray) -> str:
+    def init(self, name: str, array: npt.NDArray[Any]) -> str:
         self.inits.append(numpy_helper.from_array(np.array(array, order="C"), name))
         return name
 
     def const(self, values: list[int] | list[float] | float | int, dtype: type) -> str:
         return self.init(self.fresh("c"), np.array(values, dtype=dtype))
 
-    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs: object) -> str:
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
         name = out or self.fresh(op_type.lower())
         self.nodes.append(helper.make_node(op_type, list(inputs), [name],
                                            name=self.fresh(f"n_{op_type}"), **attrs))
         return name
 
-    def ops(self, op_type: str, inputs: list[str], n_out: int, **attrs: object) -> list[str]:
+    def ops(self, op_type: str, inputs: list[str], n_out: int, **attrs: Any) -> list[str]:
         outs = [self.fresh(op_type.lower()) for _ in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs,
                                            name=self.fresh(f"n_{op_type}"), **attrs))
         return outs
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
+def _np(t: torch.Tensor) -> npt.NDArray[np.float32]:
     return t.detach().to(torch.float32).cpu().numpy()
 
 
@@ -99,11 +101,12 @@ def activation(g: Builder, x: str, kind: str) -> str:
     return g.op("Mul", x, g.op("Sigmoid", x))                               # silu
 
 
-def rope_tables(model: RungForCausalLM) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def rope_tables(model: RungForCausalLM
+                ) -> dict[str, tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]]:
     """Per layer type with a RoPE of its own: its graph initializers' names stem
     (``rope``, ``rope_local``) -> cos, sin [max_seq, rotary_dim]."""
-    return {kind: tuple(_np(t) for t in rope_table(model.cfg, model.max_seq, kind))
-            for kind in model.cfg.rope_kinds}
+    tables = {kind: rope_table(model.cfg, model.max_seq, kind) for kind in model.cfg.rope_kinds}
+    return {kind: (_np(cos), _np(sin)) for kind, (cos, sin) in tables.items()}
 
 
 ROPE_NAMES = {FULL: "rope", SLIDING: "rope_local"}   # rope_cos / rope_local_cos ...
@@ -373,8 +376,8 @@ def step_specs(model: RungForCausalLM, position_inputs: list[TensorSpec]
 def io_specs(model: RungForCausalLM) -> tuple[list[TensorSpec], list[TensorSpec]]:
     c = model.cfg
     kv_dtype = model.model.layers[0].self_attn.kv_dtype
-    kv = ["P", "B", c.num_kv_heads, c.head_dim]
-    new = ["S", "B", c.num_kv_heads, c.head_dim]
+    kv: list[str | int] = ["P", "B", c.num_kv_heads, c.head_dim]
+    new: list[str | int] = ["S", "B", c.num_kv_heads, c.head_dim]
     inputs, outputs = step_specs(model, [TensorSpec("position_ids", "int64", ["B", "S"]),
                                          TensorSpec("past_lengths", "int64", ["B"])])
     for i in range(c.num_layers):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 CALIBRATION = (
     "The hydraulic press on line 3 stopped twice this morning. Both times the oil "
@@ -87,7 +88,7 @@ def text_stream(encode: Callable[[str], list[int]], texts: Sequence[str],
     return [i for text in texts for i in encode(text) if i < vocab]
 
 
-def text_rows(ids: Sequence[int], length: int, rows: int) -> np.ndarray:
+def text_rows(ids: Sequence[int], length: int, rows: int) -> npt.NDArray[np.int64]:
     """Up to ``rows`` consecutive windows of ``length`` tokens from ``ids`` [n, length];
     a stream shorter than one window is repeated (tiny tokenizers and short max_seq)."""
     if not ids:

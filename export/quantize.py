@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 import torch
 from onnx import helper, numpy_helper
@@ -55,7 +56,7 @@ MIN_BLOCK_SIZE = 16  # MatMulNBits' smallest block
 # (float activations) at 0.8 and 1.5 tok/s, slower than fp32 weights (12). Level 4 costs
 # accuracy: the graph is then no longer bit-exact to its dequantized weights (verify.py's
 # int tolerances), and on the trained demo model int8's mean KL against fp32 doubles
-# (docs/benchmarks.md, "Quantized weights").
+# (docs/benchmarks/quantization.md, "Quantized weights").
 ACCURACY_LEVEL = 4
 LM_HEAD_WEIGHT = "lm_head.weight_t"
 # Weights left in float (suffixes of initializer names written by onnx_graph.linear)
@@ -86,6 +87,9 @@ class QuantSpec:
     def layer_bits(self, name: str) -> int:
         default = self.lm_head_bits if name == "lm_head" else self.bits
         return self.bits_of.get(name, default)
+
+    def layer_block(self, name: str) -> int:
+        return self.block_of.get(name, self.block_size)
 
     def to_manifest(self) -> dict[str, Any]:
         return {"method": self.method, "bits": self.bits, "block_size": self.block_size,
@@ -124,7 +128,7 @@ def parts_of(stem: str) -> list[str]:
 
 
 def quantize_graph(proto: onnx.ModelProto, spec: QuantSpec,
-                   importance: dict[str, np.ndarray] | None = None,
+                   importance: dict[str, npt.NDArray[np.float32]] | None = None,
                    cache: dict[tuple[str, int, int], Blocks] | None = None
                    ) -> onnx.ModelProto:
     """Replace the weight ``MatMul``s of ``proto`` (fp32, from ``build_graph`` or
@@ -146,7 +150,7 @@ def quantize_graph(proto: onnx.ModelProto, spec: QuantSpec,
             stem = weight.rsplit(".weight_t", 1)[0]
             parts = parts_of(stem)
             bits = max(spec.layer_bits(p) for p in parts)
-            block = min(spec.block_of.get(p, spec.block_size) for p in parts)
+            block = min(spec.layer_block(p) for p in parts)
             home = owner[weight]
             (table,) = [t for t in home.initializer if t.name == weight]
             w = numpy_helper.to_array(table).T                      # [N, K]
@@ -217,8 +221,8 @@ def graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
     return out
 
 
-def dequantized_weights(
-        proto: onnx.ModelProto) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+def dequantized_weights(proto: onnx.ModelProto
+                        ) -> Iterator[tuple[str, npt.NDArray[np.float32], npt.NDArray[np.float32]]]:
     """The weights the ``MatMulNBits`` nodes of ``proto`` multiply by: per node the module
     name (``layers.0.self_attn.q_proj``, ``lm_head``), the float32 ``[out, in]`` weight and
     its quantization step per element (one at a time: they are float32 again)."""
@@ -237,8 +241,9 @@ def dequantized_weights(
                    np.repeat(scales.reshape(n, -1), block, axis=1)[:, :k])
 
 
-def dequantize(packed: np.ndarray, scales: np.ndarray, bits: int, k: int, n: int,
-               block: int, zero: np.ndarray | None = None) -> np.ndarray:
+def dequantize(packed: npt.NDArray[np.uint8], scales: npt.NDArray[np.float32], bits: int,
+               k: int, n: int, block: int, zero: npt.NDArray[np.uint8] | None = None
+               ) -> npt.NDArray[np.float32]:
     """``MatMulNBits`` weights -> float32 ``[N, K]``.
 
     Layout: ``packed`` [N, K/block, block*bits/8] uint8, 4-bit values two to a byte, low
@@ -252,10 +257,10 @@ def dequantize(packed: np.ndarray, scales: np.ndarray, bits: int, k: int, n: int
     if zero is None:
         z = np.full((n, blocks), 2 ** (bits - 1), np.float32)
     else:
-        z = zero.reshape(n, -1)
+        zq = zero.reshape(n, -1)
         if bits == 4:
-            z = np.stack([z & 0x0F, z >> 4], axis=-1).reshape(n, -1)
-        z = z[:, :blocks].astype(np.float32)
+            zq = np.stack([zq & 0x0F, zq >> 4], axis=-1).reshape(n, -1)
+        z = zq[:, :blocks].astype(np.float32)
     w = (q[:, :blocks * block].astype(np.float32).reshape(n, blocks, block) - z[..., None])
     return (w * scales.reshape(n, blocks, 1)).reshape(n, -1)[:, :k]
 
@@ -281,7 +286,8 @@ def quantized_model(model: RungForCausalLM, proto: onnx.ModelProto) -> RungForCa
 
 
 def dequantized_linears(proto: onnx.ModelProto, model: torch.nn.Module
-                        ) -> Iterator[tuple[str, torch.nn.Linear, np.ndarray, np.ndarray]]:
+                        ) -> Iterator[tuple[str, torch.nn.Linear, npt.NDArray[np.float32],
+                                            npt.NDArray[np.float32]]]:
     """``dequantized_weights`` matched to the linear layers of ``model`` (ours or a
     transformers model: both have ``.model.layers...`` and ``.lm_head``): per layer its name,
     the module, its dequantized weight and step. The fused graph's packed weights
@@ -290,18 +296,24 @@ def dequantized_linears(proto: onnx.ModelProto, model: torch.nn.Module
         parent, _, leaf = name.rpartition(".")
         if leaf in PACKED:
             names = [f"{parent}.{part}" for part in PACKED[leaf]]
-            linears = [model.get_submodule(f"model.{n}") for n in names]
+            linears = [_linear(model, f"model.{n}") for n in names]
             cuts = np.cumsum([m.weight.shape[0] for m in linears])[:-1]
             for n, m, w, st in zip(names, linears, np.split(weight, cuts),
                                    np.split(step, cuts), strict=True):
                 yield n, m, np.ascontiguousarray(w), np.ascontiguousarray(st)
         else:
-            yield name, model.get_submodule("lm_head" if name == "lm_head"
-                                            else f"model.{name}"), weight, step
+            yield name, _linear(model, "lm_head" if name == "lm_head"
+                                else f"model.{name}"), weight, step
 
 
-def _check_rounded(name: str, original: np.ndarray, weight: np.ndarray,
-                   step: np.ndarray) -> None:
+def _linear(model: torch.nn.Module, path: str) -> torch.nn.Linear:
+    found = model.get_submodule(path)
+    assert isinstance(found, torch.nn.Linear)
+    return found
+
+
+def _check_rounded(name: str, original: npt.NDArray[np.float32], weight: npt.NDArray[np.float32],
+                   step: npt.NDArray[np.float32]) -> None:
     """A weight in the wrong place (rows swapped, blocks shifted, a bad zero point) is as
     far from the original as another matrix: relative error ~1.4. Rounding at 4 bits stays
     near 0.1; single elements may move several steps where importance weighting lets a

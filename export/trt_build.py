@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rung.engines import gpu
+from rung.engines import AnyEngine, gpu
 from rung.engines.errors import EngineError, ExportError
 from rung.engines.manifest import (
     FORMAT_VERSION,
@@ -289,7 +289,8 @@ def measure_parity(engine_dir: Path, prompt: int = 32, steps: int = 8) -> dict[s
     prompt = min(prompt, m.dims.max_seq // 2)
     ids = np.random.default_rng(0).integers(0, m.dims.vocab_size, (1, prompt + steps))
     runs = []
-    for engine in (OnnxEngine(engine_dir, m), TrtEngine(engine_dir, m)):
+    engines: list[AnyEngine] = [OnnxEngine(engine_dir, m), TrtEngine(engine_dir, m)]
+    for engine in engines:  # each with its own kind of cache
         cache = engine.new_cache(1)
         logits = [engine.forward(cache, ids[:, :prompt], np.array([prompt]),
                                  np.arange(prompt)[None])[0]]

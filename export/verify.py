@@ -29,8 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from rung.engines import AnyEngine
@@ -53,7 +55,7 @@ EXACT = Tolerance(mean_kl=1e-4, greedy_agreement=0.95, rel_logit=1e-3)
 # bounds sit about 3x above: tighter would refuse kernels' own rounding, looser would let a
 # real fault through (on SmolLM2's first 4 layers a final norm off by 10 % measures 7e-3,
 # one layer's attention output off by 10 % 9e-3, fp8 KV itself 1.5e-3;
-# docs/benchmarks.md, "Real checkpoints").
+# docs/benchmarks/real-checkpoints.md, "Real checkpoints").
 LOSSY = {
     "fp8": Tolerance(mean_kl=3e-3, greedy_agreement=0.9),
     "fp16": Tolerance(mean_kl=3e-3, greedy_agreement=0.9),
@@ -86,7 +88,7 @@ def verify(engine: AnyEngine, model: RungForCausalLM, weights: str, text: Sequen
     tokens = np.zeros((len(seqs), max(lens)), np.int64)
     for b, s in enumerate(seqs):
         tokens[b, :len(s)] = s
-    got: list[list[np.ndarray]] = [[] for _ in seqs]
+    got: list[list[npt.NDArray[np.float32]]] = [[] for _ in seqs]
     logits = engine.forward(cache, tokens, np.array(lens, np.int64))
     for _ in range(steps):
         nxt = logits[:, -1].argmax(-1)
@@ -146,7 +148,8 @@ def _gated_decode(engine: AnyEngine, model: RungForCausalLM, prompt: list[int],
             int((mine.argmax(-1) == ref.argmax(-1)).sum()), len(ref))
 
 
-def logit_metrics(ref: np.ndarray, got: np.ndarray, block: int = 64) -> dict[str, float]:
+def logit_metrics(ref: npt.NDArray[np.floating[Any]], got: npt.NDArray[np.floating[Any]],
+                  block: int = 64) -> dict[str, float]:
     """Distance of ``got`` from ``ref`` logits [N, V]: max and mean relative error (to the
     row's max |ref|), mean KL(ref || got) of the next-token distributions, argmax agreement.
     Rows are processed in blocks, so memory stays bounded at large vocabularies.
@@ -167,7 +170,7 @@ def logit_metrics(ref: np.ndarray, got: np.ndarray, block: int = 64) -> dict[str
 
 
 def weight_accuracy(engine: AnyEngine, original: RungForCausalLM,
-                    rows: np.ndarray) -> dict[str, float]:
+                    rows: npt.NDArray[np.int64]) -> dict[str, float]:
     """Teacher-forced logits of the engine (quantized weights, and with them the kernels'
     int8 activations) on ``rows`` [n, L] of real text against the fp32 model with the same
     KV rounding: what the weight precision costs end to end."""
@@ -180,7 +183,7 @@ def weight_accuracy(engine: AnyEngine, original: RungForCausalLM,
     return logit_metrics(ref.reshape(-1, vocab), got.reshape(-1, vocab))
 
 
-def kv_accuracy(model: RungForCausalLM, rows: np.ndarray) -> dict[str, float]:
+def kv_accuracy(model: RungForCausalLM, rows: npt.NDArray[np.int64]) -> dict[str, float]:
     """Teacher-forced logits on ``rows`` [n, L] of real text with the model's KV rounding
     against an fp32 cache."""
     kv = model.model.layers[0].self_attn.kv_dtype
