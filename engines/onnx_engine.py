@@ -13,6 +13,7 @@ but is not tested without a GPU.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnxruntime as ort
 
-from rung.engines import parted
+from rung.engines import DEFAULT_MEMORY_BUDGET_MB, parted
 from rung.engines.drafts import multi_token, pads_steps
 from rung.engines.errors import EngineError
 from rung.engines.graph_check import check_manifest, session_signature
@@ -30,6 +31,12 @@ from rung.engines.manifest import HEAD_MAJOR, Manifest
 
 FP8 = 17  # onnx.TensorProto.FLOAT8E4M3FN (onnx itself is not a serving dependency)
 PREPACKED_WEIGHTS = ("int8", "int4")   # weight precisions whose kernels need prepacking
+# peak RSS over (weights + the whole KV cache) with float weights packed and left unpacked
+# (0.5B fp32, docs/benchmarks/startup.md, "Memory and load time"; export/defaults.py's
+# PEAK_FACTOR holds the packed one)
+PEAK_PACKED, PEAK_UNPACKED = 1.33, 1.06
+MIB = 1 << 20
+log = logging.getLogger("rung.engine")
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
              "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
@@ -47,10 +54,12 @@ class EngineOptions:
     1.06x of weights + KV in peak RSS instead of 1.33x, but every step of several tokens
     packs them again (0.5B bench model, fused graph: a step of 2 tokens 1.8x the time of
     one unpacked, 1.04x packed), and one row decodes slower too (0.5B: 112 against 70 ms a
-    step; SmolLM2-135M: 24.3 against 19.6 ms; docs/benchmarks.md, "Memory and load
+    step; SmolLM2-135M: 24.3 against 19.6 ms; docs/benchmarks/startup.md, "Memory and load
     time"). ``load_parts``: the graph built as this many sessions at once (``parted``): 1 or
     2; 0 (default) chooses 2 where packing is on, a second core is free and the engine's
-    files weigh ``PARTED_LOAD_BYTES`` or more (packing then dominates the load)."""
+    files weigh ``PARTED_LOAD_BYTES`` or more (packing then dominates the load).
+    ``memory_budget_mb``: where None chooses packing for float weights, they stay unpacked
+    if the engine's estimated peak packed would not fit this budget (``choose_packing``)."""
 
     provider: str = "cpu"
     threads: int = 0
@@ -58,6 +67,52 @@ class EngineOptions:
     max_batch: int = 1
     decode: str = "plain"
     load_parts: int = 0
+    memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Whether the engine's weights were packed at load, what chose it (``flag``: the
+    caller's ``prepack``; ``weights``: int8/int4 kernels need it; ``steps``: one token a
+    step, float weights read as they lie; ``budget``: the estimated peak against the memory
+    budget), and why, in words."""
+
+    packed: bool
+    chosen_by: str
+    reason: str
+
+
+def estimated_peak_mb(engine_dir: Path, manifest: Manifest, max_batch: int,
+                      packed: bool) -> float:
+    """The engine's estimated peak RSS in MiB: (the graph's files + a full KV cache of
+    ``max_seq`` x ``max_batch`` tokens) x the peak factor measured packed or unpacked."""
+    weights = sum((Path(engine_dir) / f).stat().st_size for f in manifest.artifacts
+                  if f.startswith(manifest.graph_file) and (Path(engine_dir) / f).is_file())
+    cache = manifest.kv.bytes_per_token(manifest.dims) * manifest.dims.max_seq * max_batch
+    return (weights + cache) * (PEAK_PACKED if packed else PEAK_UNPACKED) / MIB
+
+
+def choose_packing(engine_dir: Path, manifest: Manifest, options: EngineOptions,
+                   gated: bool) -> Packing:
+    """``prepack`` resolved (``EngineOptions``): float weights are packed where steps hold
+    several tokens and the estimated peak packed fits ``memory_budget_mb``; over it they
+    stay unpacked (steps of several tokens then repack them on the fly, slower)."""
+    if options.prepack is not None:
+        return Packing(options.prepack, "flag", f"prepack set to {options.prepack}")
+    if manifest.weights in PREPACKED_WEIGHTS:
+        return Packing(True, "weights", f"{manifest.weights} kernels need packed weights")
+    if not (options.max_batch > 1 or multi_token(options.decode, manifest.weights, gated,
+                                                 manifest.kv.layout)):
+        return Packing(False, "steps", "one token a step: weights read as they lie")
+    peak = estimated_peak_mb(engine_dir, manifest, options.max_batch, packed=True)
+    budget = options.memory_budget_mb
+    if peak <= budget:
+        return Packing(True, "budget", f"estimated peak {peak:.0f} MiB packed, within the "
+                       f"{budget} MiB memory budget")
+    unpacked = estimated_peak_mb(engine_dir, manifest, options.max_batch, packed=False)
+    return Packing(False, "budget", f"estimated peak {peak:.0f} MiB packed, over the "
+                   f"{budget} MiB memory budget: weights left unpacked (~{unpacked:.0f} "
+                   "MiB; steps of several tokens run slower)")
 
 
 # engines whose files weigh less than this load as one session: there a parted load's probe
@@ -97,11 +152,10 @@ class OnnxEngine:
                               "export the engine with --graph generic for ONNX Runtime's "
                               f"{options.provider} provider")
         gated = any(o.name == "ffn_skipped" for o in manifest.outputs)
-        prepack = options.prepack
-        if prepack is None:
-            prepack = (manifest.weights in PREPACKED_WEIGHTS or options.max_batch > 1
-                       or multi_token(options.decode, manifest.weights, gated,
-                                   manifest.kv.layout))
+        self.packing = choose_packing(engine_dir, manifest, options, gated)
+        prepack = self.packing.packed
+        if self.packing.chosen_by == "budget" and not prepack:
+            log.warning("engine %s: %s", manifest.engine_id, self.packing.reason)
 
         def session_options() -> ort.SessionOptions:
             so = ort.SessionOptions()

@@ -4,7 +4,7 @@ Building a session is mostly weight packing (MatMulNBits' packed layouts, packed
 matrices), and ONNX Runtime packs on one core: the 0.5B int4 bench engine spends ~580 of
 its ~610 ms of session creation there. It releases the GIL while it builds, so two sessions
 over two halves of the graph build side by side (0.36-0.39 s against 0.63 s for the whole
-graph here, docs/benchmarks.md "Cold start"). A step then runs the parts one after the
+graph here, docs/benchmarks/startup.md "Cold start"). A step then runs the parts one after the
 other (~2 % of a 0.5B int4 step, see ``_part_options``): the first part's outputs that the
 second reads (the residual stream at the cut) are handed over as ONNX Runtime values, and
 each part reads and writes the KV buffers of its own layers in place.

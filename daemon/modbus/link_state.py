@@ -1,4 +1,4 @@
-"""A PLC's Modbus link state on MQTT: ``{base}/plc/{plc}/link``, retained (CONTRACTS.md).
+"""A PLC's Modbus link state on MQTT: ``{base}/plc/{plc}/link``, retained (docs/contract.md).
 
 The PLC's :class:`~rung.daemon.modbus.link.Link` reports every change of its state
 (``connected``, ``degraded``, ``disconnected``, ``error``); :class:`LinkState` logs it
@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rung.daemon.modbus.job import iso
+from rung.daemon.wallclock import iso
 
 log = logging.getLogger("rung.serve")   # the daemon's own lines (plc link, answered) share it
 

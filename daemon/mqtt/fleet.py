@@ -69,7 +69,6 @@ wait in the broker for it as they do for a single rung.
 from __future__ import annotations
 
 import asyncio
-import calendar
 import hashlib
 import json
 import logging
@@ -87,6 +86,7 @@ from rung.daemon.config import MQTTConfig
 from rung.daemon.mqtt.journal import Entry, Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.oversize import Oversize
+from rung.daemon.wallclock import from_iso, iso
 
 log = logging.getLogger("rung.fleet")
 
@@ -106,20 +106,6 @@ Claims = Callable[[set[str], dict[str, str]], None]   # PLCs to drive; refused P
 def nodes_filter(base: str) -> str:
     """Every node's status topic in a fleet under ``base``."""
     return f"{base}/fleet/+"
-
-
-def iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
-def from_iso(v: Any) -> float | None:
-    """Seconds since the epoch of an :func:`iso` time, else None."""
-    if not isinstance(v, str) or len(v) != 20:
-        return None
-    try:
-        return float(calendar.timegm(time.strptime(v, "%Y-%m-%dT%H:%M:%SZ")))
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ A recorded message (``journal.Entry``) becomes either an ``MqttRequest`` (the sc
 already knows where to send its error: nothing raw travels past this module. The reply
 address is resolved in this order: MQTT v5 Response Topic, the payload's ``reply_to``,
 then ``{base}/res/{client}`` with the payload's ``client`` or, without one, rung's own
-client id. The payload forms are the ones in CONTRACTS.md. A request's ``input`` is checked
+client id. The payload forms are the ones in docs/contract.md. A request's ``input`` is checked
 against its task's input schema here too (``Task.check_input``: duplicate point names,
 control characters in names, a POU named like an ST keyword ...), so that a bad input is
 answered ``bad_request`` before it takes a place in the queue.

@@ -44,7 +44,7 @@ def test_kv_bytes_agree_with_the_manifest() -> None:
     for kv, dtype in KV.items():
         spec = KVSpec(dtype, scale_layout="per_token_per_head" if kv == "fp8" else None)
         assert kv_bytes_per_token(kv, QWEN05) == spec.bytes_per_token(dims)
-    assert kv_bytes_per_token("fp16", QWEN05) == 12_288     # docs/benchmarks.md
+    assert kv_bytes_per_token("fp16", QWEN05) == 12_288     # docs/benchmarks/kv-cache.md
     assert kv_bytes_per_token("fp8", QWEN05) == 6_528
 
 

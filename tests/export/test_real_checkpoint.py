@@ -77,7 +77,8 @@ def test_int4_meets_the_budget_on_real_weights(int4: tuple[Path, Any]) -> None:
     out, m = int4
     q = m.quantization
     acc = q["accuracy"]
-    # the whole model at the default budget measures 0.039 / 0.915 (docs/benchmarks.md)
+    # the whole model at the default budget measures 0.039 / 0.915
+    # (docs/benchmarks/real-checkpoints.md)
     assert acc["mean_kl"] <= q["budget_mean_kl"] == 0.02 and acc["greedy_agreement"] >= 0.9
     mixed = q["mixed"]
     assert mixed["mean_kl_all_low"] > mixed["target_mean_kl"]  # 4 bits alone were not enough

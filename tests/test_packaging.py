@@ -1,0 +1,121 @@
+"""The package layout as setuptools, mypy and readers see it: every folder of rung.* listed
+in pyproject.toml, the import map in docs/architecture.md drawn from the source, shipped
+data read as package data, and a wheel that leaves the checkout-only tools out."""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+from tests.typecheck import ROOT, module_files
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def _package_folders() -> dict[str, Path]:
+    """Every folder under a mapped top-level folder that holds files, by dotted name."""
+    out: dict[str, Path] = {}
+    for name, folder in SETUPTOOLS["package-dir"].items():
+        if name.count(".") != 1:
+            continue   # sub-packages map into their parent's folder anyway
+        base = ROOT / folder
+        for d in [base, *sorted(p for p in base.rglob("*") if p.is_dir())]:
+            rel = d.relative_to(base)
+            if "__pycache__" in rel.parts or not any(f.is_file() for f in d.iterdir()):
+                continue
+            out[".".join([name, *rel.parts])] = d
+    return out
+
+
+def test_every_folder_of_rung_is_a_listed_package() -> None:
+    # a folder left out is what setuptools warns about ("absent from the packages
+    # configuration") and what a wheel silently drops
+    folders = _package_folders()
+    listed = set(SETUPTOOLS["packages"])
+    assert sorted(set(folders) - listed) == [], "add these to [tool.setuptools] packages"
+    assert sorted(listed - set(folders)) == [], "listed packages without a folder of files"
+
+
+def test_package_dir_entries_point_where_the_mapping_would() -> None:
+    # a sub-package entry may only repeat what its parent's mapping gives it
+    mapping: dict[str, str] = SETUPTOOLS["package-dir"]
+    for name, folder in mapping.items():
+        parent = name.rsplit(".", 1)[0]
+        if parent in mapping:
+            assert Path(folder) == Path(mapping[parent]) / name.rsplit(".", 1)[1], name
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(dotted name, at import time) for each absolute import of rung in the file; a name
+    imported from a module is given both ways (it may be a sub-module)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = top and not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import):
+                out.extend((a.name, top) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                assert child.level == 0, f"{path}: relative import (rung uses absolute ones)"
+                module = child.module or ""
+                out.append((module, top))
+                out.extend((f"{module}.{a.name}", top) for a in child.names)
+            visit(child, inner)
+
+    visit(tree, True)
+    return [(n, t) for n, t in out if n.startswith("rung.")]
+
+
+def import_map() -> str:
+    """Which rung package imports which: one line per package, the imported packages after
+    the arrow, ``*`` where the import is inside functions only (made when needed)."""
+    files = module_files()
+    packages = sorted({m if p.stem == "__init__" else m.rsplit(".", 1)[0]
+                       for m, p in files.items()})
+
+    def owner(name: str) -> str | None:
+        found = [p for p in packages if name == p or name.startswith(p + ".")]
+        return max(found, key=len) if found else None
+
+    edges: dict[str, dict[str, bool]] = {p: {} for p in packages}
+    for module, path in files.items():
+        source = module if path.stem == "__init__" else module.rsplit(".", 1)[0]
+        for name, top in _imports(path):
+            target = owner(name)
+            if target is not None and target != source:
+                edges[source][target] = edges[source].get(target, False) or top
+    width = max(map(len, packages))
+    lines = []
+    for p in packages:
+        targets = ", ".join(t + ("" if top else "*") for t, top in sorted(edges[p].items()))
+        lines.append(f"{p:<{width}}  → {targets or '(none)'}")
+    return "\n".join(lines)
+
+
+def test_import_map_in_the_architecture_doc_is_the_source_s() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    found = re.search(r"<!-- import-map -->\n```\n(.*?)\n```\n<!-- /import-map -->", text, re.S)
+    assert found, "docs/architecture.md: the import map block is missing"
+    assert found.group(1) == import_map(), (
+        "docs/architecture.md's import map differs from the source; the block should read:"
+        f"\n{import_map()}")
+
+
+def test_engines_and_export_import_nothing_of_the_daemon() -> None:
+    # the layering the map shows: engines below everything, export on engines only
+    edges = {line.split()[0]: line.split("→")[1] for line in import_map().splitlines()}
+    assert "rung." not in edges["rung.engines"]
+    assert {t.strip().rstrip("*") for t in edges["rung.export"].split(",")} <= {
+        "rung.engines"}
+
+
+def test_shipped_data_is_not_found_through___file__() -> None:
+    # package data is read with importlib.resources, which works from a wheel; the one use
+    # left is `rung bench`, which runs bench/ scripts of a repository checkout by design
+    users = sorted(str(p.relative_to(ROOT)) for p in module_files().values()
+                   if "__file__" in p.read_text(encoding="utf-8"))
+    assert users == ["daemon/cli.py"], users
