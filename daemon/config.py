@@ -27,6 +27,7 @@ import yaml
 from rung.daemon import keyed
 from rung.daemon.keyed import read_yaml
 from rung.daemon.mqtt.topics import MAX_TOPIC_BYTES, text_problem, topic_problem
+from rung.engines import DEFAULT_MEMORY_BUDGET_MB
 from rung.engines.errors import RungError
 
 CREDENTIAL = "credential:"
@@ -67,6 +68,8 @@ class EngineConfig:
     provider: str | None = None  # ONNX Runtime's execution provider: cpu (None) | cuda
     decode: str = "auto"  # plain | fast (drafts checked per step) | auto (fast where exact)
     load_parts: int = 0  # sessions the graph is built as, in parallel: 0 = auto (by size), 1, 2
+    # MiB; float weights are packed (prepack unset) only where the estimated peak fits
+    memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,21 @@ class ModbusConfig:
 
 
 @dataclass(frozen=True)
+class OpcUaServerConfig:
+    """rung as an OPC UA server (docs/opcua.md, "rung as an OPC UA server"): off by
+    default; security policies, rung's certificate, the client certificates it trusts, and
+    the users file (``name:password`` lines) that makes every session log in."""
+
+    enabled: bool = False
+    endpoint: str = "opc.tcp://127.0.0.1:4840/rung/"
+    security: tuple[str, ...] = ("None",)
+    certificate: Path | None = None
+    private_key: Path | None = None
+    trusted_certificates: tuple[Path, ...] = ()
+    users_file: Path | None = None
+
+
+@dataclass(frozen=True)
 class LogConfig:
     """Log verbosity: debug, info, warning or error (normalized to lower case)."""
 
@@ -201,8 +219,9 @@ class Config:
     retries: RetriesConfig
     state_dir: Path
     tasks_dir: Path | None  # None = the built-in tasks
-    plcs: tuple[Path, ...]  # Modbus register-map files, checked to exist
+    plcs: tuple[Path, ...]  # PLC map files (Modbus register maps, OPC UA node maps)
     source: Path | None
+    opcua_server: OpcUaServerConfig = field(default_factory=OpcUaServerConfig)
 
 
 @dataclass(frozen=True)
@@ -468,6 +487,36 @@ def _per_task(v: Any, key: str) -> dict[str, int]:
     return out
 
 
+_OPCUA_POLICIES = ("None", "Basic256Sha256_Sign", "Basic256Sha256_SignAndEncrypt")
+
+
+def _policies(v: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(v, list) or not v or any(p not in _OPCUA_POLICIES for p in v):
+        raise keyed.Mismatch
+    return tuple(dict.fromkeys(v))
+
+
+def _paths(v: Any, key: str) -> tuple[Path, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise keyed.Mismatch
+    file = _path("file", credential=True)
+    return tuple(file.conv(item, f"{key}[{i}]") for i, item in enumerate(v))
+
+
+def _check_opcua_server(values: dict[str, Any], key: str) -> None:
+    endpoint = values.get("endpoint", OpcUaServerConfig.endpoint)
+    if not endpoint.startswith("opc.tcp://"):
+        raise keyed.Invalid(f"{key}.endpoint", f"expected opc.tcp://host:port/path, got "
+                            f"{keyed.show(endpoint)}")
+    secure = [p for p in values.get("security", ()) if p != "None"]
+    for name in ("certificate", "private_key"):
+        if secure and values.get(name) is None:
+            raise keyed.Invalid(f"{key}.{name}", f"required with {key}.security {secure[0]}",
+                                "rung's own certificate (DER or PEM) and its key (PEM)")
+
+
 def _check_sparkplug(values: dict[str, Any], key: str) -> None:
     if values.get("enabled") and not values.get("group_id"):
         raise keyed.Invalid(f"{key}.group_id", f"required when {key}.enabled is true",
@@ -517,7 +566,8 @@ _TOP = {
                                       "provider": keyed.Key(_choice("cpu", "cuda").conv,
                                                        "one of cpu, cuda", nullable=True),
                                       "decode": _choice("auto", "plain", "fast"),
-                                      "load_parts": _int(0, 2)},
+                                      "load_parts": _int(0, 2),
+                                      "memory_budget_mb": _int(1, 1 << 24)},   # 16 TiB
                        check=_check_engine),
     "mqtt": _section(MQTTConfig, _MQTT, check=_check_mqtt),
     "queue": _section(QueueConfig, {"max_pending": _int(1, MAX_PENDING),
@@ -557,12 +607,21 @@ _TOP = {
     "state_dir": _path("no_file", expect="a directory path"),
     "tasks_dir": _path("dir", nullable=True),
     "plcs": keyed.Key(_plcs, "a list of register-map file paths"),
+    "opcua_server": _section(OpcUaServerConfig, {
+        "enabled": keyed.Key(_bool, "true or false"),
+        "endpoint": _str(expect="an opc.tcp:// URL"),
+        "security": keyed.Key(_policies, f"a non-empty list of {', '.join(_OPCUA_POLICIES)}"),
+        "certificate": _path("file", credential=True, nullable=True),
+        "private_key": _path("file", credential=True, nullable=True),
+        "trusted_certificates": keyed.Key(_paths, "a list of certificate file paths"),
+        "users_file": _path("file", credential=True, nullable=True)},
+        check=_check_opcua_server),
 }
 _TOP_DEFAULTS: dict[str, Any] = {"engine": {}, "mqtt": {}, "queue": {}, "metrics": {}, "kv": {},
                                  "journal": {}, "log": {}, "modbus": {}, "sparkplug": {},
                                  "st": {}, "retries": {},
                                  "state_dir": "/var/lib/rung",
-                                 "tasks_dir": None, "plcs": []}
+                                 "tasks_dir": None, "plcs": [], "opcua_server": {}}
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:

@@ -270,6 +270,7 @@ class Metrics:
 
 PLC_OPS = ("link", "handshake read", "heartbeat write", "ack write", "answer write",
            "done write", "clear write", "snapshot read")
+PLC_LINK_STATES = ("connected", "degraded", "disconnected", "error")
 PLC_ERRS = range(7)   # the err register's codes (daemon/modbus/job.py)
 
 
@@ -291,6 +292,9 @@ class PlcMetrics:
                                      "request)", ["plc"], registry=r)
         self.jobs = Counter("rung_plc_jobs", "PLC requests answered, by err code",
                             ["plc", "err"], registry=r)
+        self.link = Gauge("rung_plc_link", "1 for the PLC link's state now (connected, "
+                          "degraded, disconnected, error), 0 for the others", ["plc", "state"],
+                          registry=r)
 
     def add(self, plc: str) -> None:
         """Every series of PLC ``plc``, at 0."""
@@ -300,6 +304,12 @@ class PlcMetrics:
         for err in PLC_ERRS:
             self.jobs.labels(plc=plc, err=str(err))
         self.set_link(plc, False, False)
+        self.set_state(plc, "disconnected")
+
+    def set_state(self, plc: str, state: str) -> None:
+        """The PLC link's state (``daemon/modbus/link.py``, ``daemon/opcua/link.py``)."""
+        for s in PLC_LINK_STATES:
+            self.link.labels(plc=plc, state=s).set(1 if s == state else 0)
 
     def failed(self, plc: str, op: str, in_a_row: int) -> None:
         """One failed attempt of ``op``, the ``in_a_row``-th since it last worked."""

@@ -21,18 +21,23 @@ from rung.daemon.config import Config, ConfigError
 from rung.daemon.metrics import Metrics
 from rung.daemon.modbus.agent import PlcAgent
 from rung.daemon.modbus.link import Link
-from rung.daemon.modbus.regmap import PlcMap, load_map
+from rung.daemon.modbus.regmap import PlcMap
 from rung.daemon.mqtt.fleet import Fleet
 from rung.daemon.mqtt.intake import MqttIntake
 from rung.daemon.mqtt.journal import Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.outbox import Outbox
+from rung.daemon.plc.handshake import HandshakeAgent
+from rung.daemon.plc.maps import load_plc_map
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
 from rung.daemon.supervise import Supervisor, spawn
 from rung.daemon.tasks.runner import RetryPolicy, TaskRunner, fast_decoding
+from rung.daemon.wallclock import iso
 
 if TYPE_CHECKING:
+    from rung.daemon.opcua.nodemap import NodeMap
+    from rung.daemon.opcua.server import RungServer
     from rung.daemon.plant.sparkplug_link import SparkplugLink
 
 log = logging.getLogger("rung.serve")
@@ -53,7 +58,7 @@ def build_runner(cfg: Config) -> TaskRunner:
     e = cfg.engine
     engine = load_engine(e.path, e.backend, engine_options(e.backend, e.provider, e.threads,
                                                            e.prepack, e.max_batch, e.decode,
-                                                           e.load_parts))
+                                                           e.load_parts, e.memory_budget_mb))
     m = engine.manifest
     tok = Tokenizer.load(cfg.engine.path, m.tokenizer)
     store = ColdStore(m.engine_id, int(cfg.kv.ram_mb * 2**20),
@@ -103,6 +108,7 @@ class Service:
         self._agent_tasks: dict[str, asyncio.Task[Any]] = {}   # PLCs a fleet node won
         self._spawned: set[asyncio.Task[Any]] = set()
         self.fleet = self._fleet() if cfg.mqtt.shared_group else None
+        self.opcua_server = self._opcua_server() if cfg.opcua_server.enabled else None
         for part in (self.fleet, self.sparkplug):
             if part is not None:
                 part.oversize.observe = self.metrics.payload_refused
@@ -112,12 +118,15 @@ class Service:
         self._sparkplug_task: asyncio.Task[Any] | None = None
         self.exit_code = 0
         m = runner.engine.manifest
-        self.metrics.set_info(version=VERSION, engine=m.engine_id, kv_dtype=m.kv.dtype)
+        packing = getattr(runner.engine, "packing", None)   # the ONNX engine's choice
+        self.metrics.set_info(version=VERSION, engine=m.engine_id, kv_dtype=m.kv.dtype,
+                              weights_packed="-" if packing is None
+                              else str(packing.packed).lower())
 
     # -- PLCs ----------------------------------------------------------------------------
 
-    def _plcs(self) -> list[PlcMap]:
-        plcs = [load_map(path) for path in self.cfg.plcs]
+    def _plcs(self) -> list[PlcMap | NodeMap]:
+        plcs = [load_plc_map(path) for path in self.cfg.plcs]
         ids = [p.id for p in plcs]
         dup = next((i for i in ids if ids.count(i) > 1), None)
         if dup is not None:
@@ -125,14 +134,23 @@ class Service:
                               "give every PLC its own id (it names its MQTT topics)")
         return plcs
 
-    def _agent(self, plc: PlcMap) -> PlcAgent:
+    def _agent(self, plc: PlcMap | NodeMap) -> HandshakeAgent:
         m = self.cfg.modbus
+        if not isinstance(plc, PlcMap):   # an OPC UA node map (asyncua imported only then)
+            from rung.daemon.opcua.agent import OpcUaAgent
+            from rung.daemon.opcua.link import NodeLink
+
+            return OpcUaAgent(plc, NodeLink(plc), self.scheduler.submit,
+                              self.outbox.publish_json, self.cfg.mqtt.base_topic,
+                              m.job_timeout_s, m.reconnect_min_s, m.reconnect_max_s,
+                              metrics=self.metrics, state_dir=self.cfg.state_dir / "plc",
+                              plant=self.sparkplug)
         return PlcAgent(plc, Link(plc), self.scheduler.submit, self.outbox.publish_json,
                         self.cfg.mqtt.base_topic, m.job_timeout_s, m.reconnect_min_s,
                         m.reconnect_max_s, metrics=self.metrics,
                         state_dir=self.cfg.state_dir / "plc", plant=self.sparkplug)
 
-    def _sparkplug(self, plcs: list[PlcMap]) -> SparkplugLink:
+    def _sparkplug(self, plcs: list[PlcMap | NodeMap]) -> SparkplugLink:
         """The Sparkplug B edge node: each PLC a device (its own MQTT client)."""
         from rung.daemon.plant.sparkplug import EdgeNode
         from rung.daemon.plant.sparkplug_link import SparkplugLink
@@ -146,6 +164,21 @@ class Service:
                         bd_seq_path=self.cfg.state_dir / "sparkplug-bdseq")
         return SparkplugLink(node, self.cfg.mqtt,
                              s.client_id or f"{self.cfg.mqtt.client_id}-spb")
+
+    def _opcua_server(self) -> RungServer:
+        """rung as an OPC UA server: its methods answered through the scheduler."""
+        from rung.daemon.opcua.server import RungServer
+
+        def status() -> dict[str, Any]:
+            return {"ready": self.liveness() is None and not self._stopping.is_set(),
+                    "queue_depth": self.scheduler.depth, "inflight": self.scheduler.inflight,
+                    "engine": self.runner.engine.manifest.engine_id,
+                    "tasks": sorted(self.runner.tasks)}
+
+        c = self.cfg
+        return RungServer(c.opcua_server, self.runner.tasks, self.scheduler.submit, status,
+                          c.mqtt.base_topic, c.mqtt.client_id, c.mqtt.max_payload_bytes,
+                          c.queue.request_timeout_s)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         spawn(coro, getattr(coro, "__qualname__", "task"), self._spawned)
@@ -230,7 +263,7 @@ class Service:
         m = self.runner.engine.manifest
         return {"online": True, "client_id": self.cfg.mqtt.client_id, "version": VERSION,
                 "engine": m.engine_id, "model": m.dims.hf_architecture,
-                "tasks": sorted(self.runner.tasks), "since": _iso(self.started),
+                "tasks": sorted(self.runner.tasks), "since": iso(self.started),
                 "request_topic": f"{self.cfg.mqtt.base_topic}/req/{{task}}"}
 
     def liveness(self) -> str | None:
@@ -286,6 +319,8 @@ class Service:
             sup.start("fleet", self.fleet.run)
         if self.sparkplug is not None:
             self._sparkplug_task = sup.start("sparkplug", self.sparkplug.run)
+        if self.opcua_server is not None:
+            sup.start("opcua-server", self.opcua_server.run)
         if self.cfg.metrics.port:
             self.metrics.serve(self.cfg.metrics.port, self.cfg.metrics.host)
             sup.start("metrics", lambda: self.metrics.keep_serving(self.cfg.metrics.port,
@@ -363,8 +398,6 @@ class Service:
         log.info("stopped", extra={"rung_fields": {"queued_for_restart": left}})
 
 
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def serve(cfg: Config) -> int:
@@ -376,9 +409,12 @@ def serve(cfg: Config) -> int:
     notifier.status("loading engine")
     t0 = time.perf_counter()
     runner = build_runner(cfg)
+    packing = getattr(runner.engine, "packing", None)   # the ONNX engine's choice
     log.info("engine loaded", extra={"rung_fields": {
         "engine": str(cfg.engine.path), "ms": round((time.perf_counter() - t0) * 1000),
-        "tasks": sorted(runner.tasks)}})
+        "tasks": sorted(runner.tasks),
+        "weights_packed": None if packing is None else packing.packed,
+        "packing": None if packing is None else packing.reason}})
 
     async def main() -> int:
         service = Service(cfg, runner, notifier=notifier)

@@ -2,21 +2,24 @@
 
 Exports the shipped demo model (``models/edge-tiny``, trained by rung) with ``rung
 export``'s defaults (fp16 KV on the fused graph; its trained FFN gates kept, measured: the
-model without them answers otherwise and worse, docs/benchmarks.md, "Defaults measured")
-once into the cache directory, starts a private mosquitto on a free loopback port and
-``rung serve`` on it, and sends held-out requests of each built-in task over MQTT: a
-Structured Text POU (rendered, parsed, identifiers checked), a fault tree (cut sets and
+model without them answers otherwise and worse, docs/benchmarks/ffn-and-defaults.md,
+"Defaults measured") once into the cache directory, starts a private mosquitto on a free
+loopback port and ``rung serve`` on it, and sends held-out requests of each built-in task
+over MQTT: a Structured Text POU (rendered, parsed, identifiers checked), a fault tree (cut sets and
 top-event probability) and a diagnosis. It prints the validated replies and the daemon's
 metrics. A simulated PLC (a pymodbus server with a press's register map) then raises a
-diagnosis request over the Modbus handshake; the demo shows the snapshot, the diagnosis
-published on MQTT and the result codes written back. Then SIGTERM stops the daemon. Without
-the shipped model (an install without the repository), a small random-weight model stands in
-and the text is noise.
+diagnosis request over the Modbus handshake, and a second one (an asyncua server with a
+mixer's node map) over OPC UA; the demo shows the snapshots, the diagnoses published on MQTT
+and the result codes written back. Then SIGTERM stops the daemon. The
+model and the register map are package data (``rung.models``, ``rung.configs``), in a
+checkout and in a wheel alike; where the model is missing, a small random-weight model
+stands in and the text is noise.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -24,12 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from rung.engines.errors import RungError
 
-SHIPPED = Path(__file__).resolve().parents[2] / "models" / "edge-tiny"
+# package data, a folder on disk in a checkout and in an installed wheel alike
+SHIPPED = Path(str(resources.files("rung.models") / "edge-tiny"))
 REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("st_code", {"description": "Write a function block for a conveyor motor: start and "
                                 "stop push buttons, an emergency stop interlock and an "
@@ -88,9 +93,10 @@ def _engine_dir() -> tuple[Path, str]:
     from rung.export.exporter import RUNG_VERSION
 
     if (SHIPPED / "model.safetensors").is_file():
-        # one export per model content and rung version: a retrained model or a new
-        # exporter gets a fresh engine, never a stale one
-        key = sha256_file(SHIPPED / "model.safetensors")[:12]
+        # one export per model content, rung version and export defaults: a retrained
+        # model, a new exporter or changed defaults get a fresh engine, never a stale one
+        defaults = hashlib.sha256(repr(ExportOptions()).encode()).hexdigest()[:8]
+        key = f"{sha256_file(SHIPPED / 'model.safetensors')[:12]}-{defaults}"
         engine = cache_dir() / "edge-tiny" / f"{key}-v{RUNG_VERSION}-f{FORMAT_VERSION}"
         try:
             load_manifest(engine)
@@ -119,10 +125,10 @@ def _summary(task: str, output: Any, validation: dict[str, Any]) -> str:
 
 
 def _write_config(work: Path, engine_dir: Path, port: int, metrics_port: int,
-                  plc_map: Path) -> Path:
+                  plc_map: Path, *more_maps: Path) -> Path:
     import yaml
 
-    cfg = {"engine": {"path": str(engine_dir)}, "plcs": [str(plc_map)],
+    cfg = {"engine": {"path": str(engine_dir)}, "plcs": [str(plc_map), *map(str, more_maps)],
            "modbus": {"reconnect_min_s": 0.2, "reconnect_max_s": 2.0},
            "mqtt": {"host": "127.0.0.1", "port": port, "base_topic": BASE,
                     "client_id": "rung-demo", "reconnect_min_s": 0.2},
@@ -206,20 +212,15 @@ def _metrics(port: int) -> str:
     return "\n".join(lines)
 
 
-SHIPPED_MAP = Path(__file__).resolve().parents[2] / "configs" / "plcs" / "press1.yaml"
-
-
 def _start_plc(work: Path) -> tuple[Any, Path]:
     """The simulated press PLC (a pymodbus server) with a plant snapshot in its registers,
     and its register map (configs/plcs/press1.yaml, pointed at the simulator)."""
     import yaml
 
-    from rung.configs import __file__ as configs_init
     from rung.daemon.demo.plcsim import SimPlcThread
     from rung.daemon.modbus.regmap import encode_words
 
-    source = SHIPPED_MAP if SHIPPED_MAP.is_file() else (
-        Path(configs_init).parent / "plcs" / "press1.yaml")
+    source = resources.files("rung.configs") / "plcs" / "press1.yaml"
     plc = SimPlcThread()
     doc = yaml.safe_load(source.read_text(encoding="utf-8"))
     doc["transport"]["port"] = plc.sim.port
@@ -297,6 +298,52 @@ def _plc_round(cfg: Any, plc: Any) -> None:
           file=sys.stderr)
 
 
+def _start_opc_plc(work: Path) -> tuple[Any, Path]:
+    """The second simulated PLC, a mixer over OPC UA (an asyncua server), and its node map
+    (configs/plcs/mixer2-opcua.yaml, pointed at the simulator)."""
+    import yaml
+
+    from rung.daemon.demo.opcsim import SimOpcPlcThread
+
+    source = resources.files("rung.configs") / "plcs" / "mixer2-opcua.yaml"
+    plc = SimOpcPlcThread()
+    doc = yaml.safe_load(source.read_text(encoding="utf-8"))
+    doc["server"]["endpoint"] = plc.sim.endpoint
+    path = work / "mixer2-opcua.yaml"
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return plc, path
+
+
+def _opc_round(cfg: Any, plc: Any) -> None:
+    """The OPC UA PLC raises a request (rung sees it through its subscription)."""
+    async def round_trip() -> dict[str, Any]:
+        started = asyncio.Event()
+        watch = asyncio.ensure_future(_watch(cfg, f"{BASE}/diag/mixer2/event", started))
+        await started.wait()
+        seq = await asyncio.to_thread(plc.trigger)
+        print(f"\n=== PLC mixer2 raises request {seq} over OPC UA (Mixer2.Rung.req = 1, "
+              f"req_seq = {seq}; {plc.sim.endpoint})", file=sys.stderr)
+        return await watch
+
+    from rung.daemon.modbus.agent import ERR_CODES
+
+    event = asyncio.run(round_trip())
+    plc.wait("done", lambda: plc.get("done") is True, 600)
+    err, result = plc.get("err"), plc.get("result")
+    print(f"\n=== mixer2: diagnosis triggered over OPC UA (request {event['req_seq']})")
+    print("snapshot read in one OPC UA Read: " + ", ".join(
+        f"{k} = {v}" for k, v in event["snapshot"].items()))
+    diag = event.get("diagnosis") or {}
+    if diag.get("output") is not None:
+        print(json.dumps(diag["output"], indent=2, ensure_ascii=False))
+    print(f"--- {'right (every check passed)' if diag.get('ok') else 'not valid: '}"
+          f"{'' if diag.get('ok') else diag.get('error')}")
+    print(f"--- handed back to the PLC: err = {err} ({ERR_CODES.get(err, '?')}), result = "
+          f"{result}, done = TRUE, busy = {plc.get('busy')}")
+    plc.set("req", 0)
+    plc.wait("done cleared", lambda: plc.get("done") is False, 30)
+
+
 def run(max_tokens: int | None = None) -> int:
     """The whole loop on this machine: a private mosquitto, ``rung serve`` on the demo
     model, requests over MQTT through ``rung ask``'s client, the validated answers and the
@@ -319,11 +366,13 @@ def run(max_tokens: int | None = None) -> int:
         broker = LocalBroker(work / "broker")
         broker.start()
         plc, plc_map = _start_plc(work)
+        opc_plc, node_map = _start_opc_plc(work)
         metrics_port = free_port()
-        config = _write_config(work, engine_dir, broker.port, metrics_port, plc_map)
+        config = _write_config(work, engine_dir, broker.port, metrics_port, plc_map, node_map)
         log = work / "rung.log"
         print(f"  mosquitto on 127.0.0.1:{broker.port}; simulated PLC press1 (Modbus TCP) on "
-              f"127.0.0.1:{plc.sim.port}; rung serve --config {config}", file=sys.stderr)
+              f"127.0.0.1:{plc.sim.port}; simulated PLC mixer2 (OPC UA) at "
+              f"{opc_plc.sim.endpoint}; rung serve --config {config}", file=sys.stderr)
         with log.open("wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "rung.daemon", "serve",
                                      "--config", str(config)], stdout=out,
@@ -337,6 +386,7 @@ def run(max_tokens: int | None = None) -> int:
             for task, task_inputs in inputs.items():
                 _show(task, task_inputs, replies[task])
             _plc_round(cfg, plc)
+            _opc_round(cfg, opc_plc)
             print(_metrics(metrics_port), file=sys.stderr)
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(60)
@@ -348,3 +398,4 @@ def run(max_tokens: int | None = None) -> int:
                 proc.wait(10)
             broker.stop()
             plc.close()
+            opc_plc.close()

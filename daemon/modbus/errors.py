@@ -10,23 +10,16 @@ from __future__ import annotations
 
 from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
 
-from rung.engines.errors import RungError
+from rung.daemon.plc.errors import PlcError
 
 
-class ModbusError(RungError):
+class ModbusError(PlcError):
     """A Modbus request failed. ``plc``: the map's id; ``code``: the Modbus exception code
     when the PLC answered with one; ``transient``: whether retrying later may succeed;
     ``connection``: the connection failed (no answer at all), rather than the PLC refusing
     or mangling this one request."""
 
     transient = False
-
-    def __init__(self, message: str, *, plc: str, code: int | None = None,
-                 hint: str | None = None, connection: bool = False) -> None:
-        super().__init__(message, hint)
-        self.plc = plc
-        self.code = code
-        self.connection = connection
 
 
 class ModbusConfigError(ModbusError):

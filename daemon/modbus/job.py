@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rung.daemon.modbus.link import Link, ModbusError, ModbusTransientError
-from rung.daemon.modbus.regmap import PlcMap
+from rung.daemon.plc.errors import PlcError
+from rung.daemon.plc.transport import PlcSpec, Snapshots
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer
+from rung.daemon.wallclock import iso
 
 log = logging.getLogger("rung.plc")
 
@@ -93,10 +94,10 @@ class Diagnoser:
     retried ``attempts`` times with ``backoff``, a configuration error ends it at once), the
     diagnosis and, when the map asks, a fault tree."""
 
-    def __init__(self, plc: PlcMap, link: Link, submit: Submit, base_topic: str,
+    def __init__(self, plc: PlcSpec, link: Snapshots, submit: Submit, base_topic: str,
                  timeout_s: float, backoff: Backoff, on_retry: OnRetry,
-                 attempts: int = SNAPSHOT_ATTEMPTS) -> None:
-        self.plc, self.link, self.submit = plc, link, submit
+                 attempts: int = SNAPSHOT_ATTEMPTS, via: str = "Modbus") -> None:
+        self.plc, self.link, self.submit, self.via = plc, link, submit, via
         self.base, self.timeout_s = base_topic, timeout_s
         self.backoff, self.on_retry, self.attempts = backoff, on_retry, attempts
 
@@ -114,7 +115,7 @@ class Diagnoser:
     async def _run(self, job: Job) -> None:
         try:
             job.snapshot = await self._snapshot(job)
-        except ModbusError as e:
+        except PlcError as e:
             log.warning("PLC %s: snapshot for request %d failed: %s", self.plc.id,
                         job.req_seq, e)
             job.err = ERR_SNAPSHOT
@@ -133,7 +134,9 @@ class Diagnoser:
         for attempt in range(1, self.attempts):
             try:
                 return await self.link.read_snapshot()
-            except ModbusTransientError as e:
+            except PlcError as e:
+                if not e.transient:
+                    raise
                 self.on_retry("snapshot read", attempt)
                 delay = self.backoff.delay(attempt)
                 if attempt == 1:
@@ -175,7 +178,7 @@ class Diagnoser:
     def _diagnosis_input(self, job: Job) -> dict[str, Any]:
         return {"asset": self.plc.description[:200] or self.plc.id,
                 "description": f"Diagnosis requested by PLC {self.plc.id} (request "
-                               f"{job.req_seq}); values read over Modbus.",
+                               f"{job.req_seq}); values read over {self.via}.",
                 "points": self._points(job, with_limits=True)}
 
     def _fault_tree_input(self, job: Job) -> dict[str, Any]:
@@ -252,8 +255,3 @@ class AnswerStore:
             self.path.unlink(missing_ok=True)
         except OSError as e:
             log.error("PLC %s: cannot remove %s: %s", self.plc_id, self.path, e)
-
-
-def iso(t: float) -> str:
-    """A wall-clock time as UTC ISO 8601 (``2025-03-04T06:15:02Z``)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

@@ -28,7 +28,7 @@ from tests.daemon.harness import BASE, Broker, Daemon, Requester, retained_statu
 pytestmark = pytest.mark.integration
 
 # a request that states no values: the delivery tests need an answer that passes every
-# check, whatever the demo model does with stated setpoints (docs/benchmarks.md)
+# check, whatever the demo model does with stated setpoints (docs/benchmarks/answers.md)
 ST_INPUT = {"description": "Write a program for tank level control: the fill pump runs while "
             "the low level switch is on and stops when the high level switch comes on; a "
             "high-high switch raises an alarm.", "name": "P_TankLevel", "pou_type": "PROGRAM"}

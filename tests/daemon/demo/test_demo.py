@@ -24,7 +24,7 @@ def test_demo_from_empty_cache_then_reuses_it(tmp_path: Path) -> None:
         assert f"=== {task}:" in first.stdout
     # per task, right beside valid (daemon/tasks/quality.py): at least 4 of 5 held-out
     # answers valid; the fault trees and diagnoses right (code decides what it knows), the
-    # ST answers right as far as this model gets (docs/benchmarks.md); and the diagnosis
+    # ST answers right as far as this model gets (docs/benchmarks/answers.md); and the diagnosis
     # the PLC triggers is valid: err 0 handed back
     figures = dict((task, (int(right), int(valid))) for task, right, valid in re.findall(
         r"--- held-out (\w+) instructions: (\d+) of 5 answers right \(every check "
