@@ -93,7 +93,7 @@ class StubEngine:
 
     def forward(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
                 index: np.ndarray | None = None, allow_skip: bool = False) -> np.ndarray:
-        cache.lengths = cache.lengths + n_new
+        cache.advance(n_new)
         self.steps += 1
         if self.step_s:
             time.sleep(self.step_s)   # the model's step: the GIL released, as ONNX Runtime's

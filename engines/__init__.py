@@ -27,12 +27,24 @@ DEFAULT_MEMORY_BUDGET_MB = 4096
 class KVBuffers(Protocol):
     """The KV buffers of ``batch`` rows an engine decodes in, in host memory
     (``kv.KVCache``) or device memory (``kv_device.DeviceKVCache``). What the decode loop
-    and the cold tier use: how much each row holds, and its blocks in the cold tier's
-    format."""
+    and the cold tier use: how much each row holds, the operations that alone change it
+    (``kv.RowLengths``), and its blocks in the cold tier's format."""
 
     batch: int
     max_seq: int
-    lengths: np.ndarray   # [batch] int64: positions each row holds
+
+    @property
+    def lengths(self) -> np.ndarray: ...   # [batch] int64, read-only: positions each row holds
+
+    def advance(self, n_new: np.ndarray) -> None: ...
+
+    def rollback(self, rows: int | np.ndarray, k: int = 1) -> None: ...
+
+    def truncate(self, row: int, n: int) -> None: ...
+
+    def reset(self, row: int) -> None: ...
+
+    def restore(self, row: int, n: int) -> None: ...
 
     @property
     def nbytes(self) -> int: ...

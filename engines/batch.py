@@ -107,9 +107,10 @@ class BatchDecoder:
         cold = 0 if self.prefix is None else self.prefix.available(prompt)
         self.held[row] = []
         if hot[row] >= cold and hot[row] > 0:
-            self.cache.lengths[row] = cached = hot[row]     # continue in place
+            cached = hot[row]
+            self.cache.truncate(row, cached)     # continue in place: keep the shared part
         else:
-            self.cache.lengths[row] = 0
+            self.cache.reset(row)
             cached = 0 if self.prefix is None else self.prefix.restore(self.cache, row, prompt)
         skips = self.engine.ffn_skips
         self.seqs[row] = _Seq(tag, list(prompt), new_row(self.tokenizer, params, room,
@@ -181,7 +182,7 @@ class BatchDecoder:
             kept += 1
             advance(row, logits[kept], s.tag, self.on_text)
         row.accepted += kept
-        self.cache.lengths[b] -= len(drafts) - kept   # their positions are free again
+        self.cache.rollback(b, len(drafts) - kept)   # their positions are free again
         row.drafts = []
         if self.fast and row.finish is None and row.sampler.params.temperature == 0:
             self._draft(s)
@@ -221,7 +222,7 @@ class BatchDecoder:
             # the row keeps what it holds for the next prompt that shares a prefix with it
             self.held[b] = tokens[:int(self.cache.lengths[b])]
         else:
-            self.cache.lengths[b] = 0   # a failed row's contents are not offered again
+            self.cache.reset(b)   # a failed row's contents are not offered again
         self.seqs[b] = None
         return g
 

@@ -1,6 +1,8 @@
 """Generate continuations of a fixed set of prompts: the daemon's decode loop
-(``batch.BatchDecoder``) driven until every row has finished, for the CLI, the task runner,
-the eval and the bench, so every number they report comes from the loop the daemon runs.
+(``batch.BatchDecoder``) driven until every row has finished, for ``rung generate
+--prompt`` and the raw prompts of the eval and the bench, so every number they report comes
+from the loop the daemon runs (task requests go through the daemon's own request driver,
+``daemon/tasks/drive.py``).
 
 Each row has its own seeded sampler, so a prompt gives the same tokens alone or in a batch
 (on an engine with FFN gates only when they skip nothing: gates act on decode steps of a

@@ -24,7 +24,7 @@ import numpy as np
 
 from rung.engines import gpu
 from rung.engines.errors import EngineError
-from rung.engines.kv import SCALED, STORAGE
+from rung.engines.kv import SCALED, STORAGE, RowLengths
 
 
 @dataclass(frozen=True)
@@ -72,19 +72,18 @@ def append_copies(lengths: np.ndarray, n_new: np.ndarray, batch: int,
             for b in range(batch) if int(n_new[b]) > 0]
 
 
-class DeviceKVCache:
+class DeviceKVCache(RowLengths):
     """KV buffers for ``batch`` sequences of up to ``max_seq`` tokens in GPU memory.
 
-    ``lengths`` stays on the host (numpy), as in ``KVCache``; the engine moves it.
+    ``lengths`` stays on the host (numpy) and is owned as in ``KVCache`` (``RowLengths``:
+    read-only outside, moved by its named operations).
     """
 
     def __init__(self, num_layers: int, batch: int, max_seq: int, kv_heads: int,
                  head_dim: int, dtype: str, stream: Any) -> None:
+        super().__init__(batch, max_seq)
         self.dtype = dtype
-        self.max_seq = max_seq
-        self.batch = batch
         self.num_layers = num_layers
-        self.lengths = np.zeros(batch, np.int64)
         self.stream = stream
         self.specs = buffer_specs(num_layers, kv_heads, head_dim, dtype)
         self.ptrs: dict[str, int] = {}
@@ -121,7 +120,7 @@ class DeviceKVCache:
 
     def past_len(self) -> int:
         """How many positions the graph must see (at least one; masked by lengths)."""
-        return max(int(self.lengths.max(initial=0)), 1)
+        return max(int(self._lengths.max(initial=0)), 1)
 
     def read_block(self, row: int, start: int, n: int) -> dict[str, np.ndarray]:
         """A host copy of positions ``[start, start + n)`` of ``row``: buffer name ->
@@ -154,15 +153,15 @@ class DeviceKVCache:
         """Copy each row's first ``n_new[b]`` positions from the device outputs ``[S, B, ...]``
         (buffer name -> address) after its current length, then advance ``lengths``.
         Asynchronous on the cache's stream."""
-        ends = self.lengths + n_new
+        ends = self._lengths + n_new
         if int(ends.max(initial=0)) > self.max_seq:
             raise EngineError(f"KV cache full: {int(ends.max())} positions > max_seq "
                               f"{self.max_seq}", "shorten the prompt or max_tokens")
         for name, src in outputs.items():
-            for c in append_copies(self.lengths, n_new, self.batch, self.row_bytes(name)):
+            for c in append_copies(self._lengths, n_new, self.batch, self.row_bytes(name)):
                 gpu.copy_2d(self.ptrs[name] + c.dst_off, c.dst_pitch, src + c.src_off,
                             c.src_pitch, c.width, c.height, "d2d", self.stream)
-        self.lengths = ends
+        self.advance(n_new)
 
     def close(self) -> None:
         """Free the device buffers (the cache is unusable afterwards)."""

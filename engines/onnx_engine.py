@@ -240,7 +240,7 @@ class OnnxEngine:
             tokens = tokens.copy()
             tokens[pad, 1] = tokens[pad, 0]
         logits = self._step(cache, tokens, n_new + pad, logits_index, allow_skip)
-        cache.lengths[pad] -= 1   # the second position's KV is free again
+        cache.rollback(pad)   # the second position's KV is free again
         return logits
 
     def _step(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
@@ -308,7 +308,7 @@ class OnnxEngine:
                     {name: buf[sl] for name, buf in cache.buffers.items()},
                     cache.lengths[sl], tokens[sl, :n], n_new[sl],
                     np.minimum(logits_index[sl], n - 1), allow_skip)
-        cache.lengths = cache.lengths + n_new
+        cache.advance(n_new)
         return logits, skipped
 
     def _run_fused(self, buffers: dict[str, np.ndarray], lengths: np.ndarray,

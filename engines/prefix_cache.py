@@ -11,9 +11,7 @@ KV of the sequence that left it, and a prompt sharing a prefix with it continues
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,20 +20,11 @@ from rung.engines.kv import KVCache
 from rung.engines.kv_store import ColdStore, chain_keys
 
 
-@dataclass
-class PrefixStats:
-    requests: int = 0        # rows offered to restore()
-    cached_tokens: int = 0   # positions restored instead of prefilled
-    cold_hits: int = 0       # rows that restored at least one block
-    restore_ms: float = 0.0  # time spent restoring
-
-
 class PrefixCache:
     """Restores and saves KV blocks of cache rows through a ``ColdStore``."""
 
     def __init__(self, store: ColdStore, engine_id: str, block: int = 64) -> None:
         self.store, self.engine_id, self.block = store, engine_id, block
-        self.stats = PrefixStats()
 
     def available(self, tokens: Sequence[int]) -> int:
         """How many positions of ``tokens`` ``restore`` would fill (hashing only, nothing
@@ -44,10 +33,11 @@ class PrefixCache:
         return min(self.store.longest_prefix(keys) * self.block, max(len(tokens) - 1, 0))
 
     def restore(self, cache: KVCache, row: int, tokens: Sequence[int]) -> int:
-        """Fill ``row`` with the longest stored prefix of ``tokens``; returns how many
-        positions are valid (at most ``len(tokens) - 1``: the last prompt token is always
-        run, its logits start the answer)."""
-        t0 = time.perf_counter()
+        """Fill ``row`` with the longest stored prefix of ``tokens`` (whatever it held
+        before is dropped); returns how many positions are valid (at most
+        ``len(tokens) - 1``: the last prompt token is always run, its logits start the
+        answer)."""
+        cache.reset(row)
         keys = chain_keys(self.engine_id, tokens, self.block)
         restored = 0
         for i in range(self.store.longest_prefix(keys)):
@@ -57,12 +47,7 @@ class PrefixCache:
             cache.write_block(row, i * self.block, arrays)
             restored += self.block
         usable = min(restored, max(len(tokens) - 1, 0))
-        cache.lengths[row] = usable
-        self.stats.requests += 1
-        self.stats.cached_tokens += usable
-        if usable:
-            self.stats.cold_hits += 1
-            self.stats.restore_ms += (time.perf_counter() - t0) * 1000
+        cache.restore(row, usable)
         return usable
 
     def warm(self, engine: AnyEngine, tokens: Sequence[int]) -> int:

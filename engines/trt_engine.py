@@ -225,7 +225,7 @@ class TrtEngine:
         logits = np.empty(tuple(ctx.get_tensor_shape("logits")), np.float32)
         gpu.d2h(logits, self.scratch["logits"][0], self.stream)
         if direct:
-            cache.lengths = cache.lengths + n_new
+            cache.advance(n_new)
         else:
             cache.append_from(new, n_new)
         skipped = None

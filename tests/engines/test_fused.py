@@ -111,12 +111,12 @@ def test_blocks_move_between_layouts(engines: dict[str, Path],
     for engine in (fused, generic):
         dst = engine.new_cache(1)
         dst.write_block(0, 0, block)
-        dst.lengths[:] = 8
+        dst.restore(0, 8)
         np.testing.assert_array_equal(dst.read_block(0, 0, 8)["value_1"], block["value_1"])
     one, two = fused.new_cache(1), generic.new_cache(1)
     for cache in (one, two):
         cache.write_block(0, 0, block)
-        cache.lengths[:] = 8
+        cache.restore(0, 8)
     tok = np.array([[42]])
     np.testing.assert_allclose(fused.forward(one, tok, np.array([1])),
                                generic.forward(two, tok, np.array([1])), atol=1e-4, rtol=0)

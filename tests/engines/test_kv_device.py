@@ -53,7 +53,9 @@ def test_append_copies_match_kvcache_append(dtype: str) -> None:
     ref, dev = _filled(dtype), _filled(dtype)
     lengths = np.array([3, 0, 9], np.int64)
     n_new = np.array([4, 2, 0], np.int64)
-    ref.lengths, dev.lengths = lengths.copy(), lengths.copy()
+    for b, n in enumerate(lengths.tolist()):
+        ref.restore(b, n)
+        dev.restore(b, n)
     s = 5
     rng = np.random.default_rng(1)
     new = {name: rng.integers(0, 255, (s, *buf.shape[1:])).astype(buf.dtype)

@@ -90,14 +90,14 @@ def test_kv_blocks_leave_and_enter_device_memory(trt_export: Any) -> None:
     block = cache.read_block(0, 0, 64)
     again = trt.new_cache(1)
     again.write_block(0, 0, block)
-    again.lengths[0] = 64
+    again.restore(0, 64)
     assert all(np.array_equal(again.read_block(0, 0, 64)[k], v) for k, v in block.items())
     nxt = np.array([[9]])
     one = trt.forward(cache, nxt, np.ones(1, np.int64))
     np.testing.assert_array_equal(trt.forward(again, nxt, np.ones(1, np.int64)), one)
     cpu = ref.new_cache(1)   # the same block continues on the CPU engine (cold tier format)
     cpu.write_block(0, 0, block)
-    cpu.lengths[0] = 64
+    cpu.restore(0, 64)
     _close(ref.forward(cpu, nxt, np.ones(1, np.int64)), one)
 
 
