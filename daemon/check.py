@@ -2,7 +2,8 @@
 
 Config, tasks, engine (loaded, one forward step), grammars, state directory and journal,
 broker (connect and CONNACK with the configured credentials, under a client id of its own
-so a running daemon is not disturbed), PLC register maps, and in a fleet who drives each of
+so a running daemon is not disturbed), PLC maps (Modbus register maps and OPC UA node maps,
+each PLC read once through its link, nothing written), and in a fleet who drives each of
 those PLCs. One line per check (a check that does not apply prints none); exit status 0 only
 when all pass.
 """
@@ -16,12 +17,16 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiomqtt
 
 from rung.daemon.config import Config
 from rung.daemon.mqtt.link import connect_args
 from rung.engines.errors import RungError
+
+if TYPE_CHECKING:
+    from rung.daemon.opcua.nodemap import NodeMap
 
 
 @dataclass
@@ -89,15 +94,19 @@ def _broker(cfg: Config) -> str:
 
 
 def _plcs(cfg: Config) -> str:
-    """Each register map loads, its PLC answers the handshake block and the snapshot."""
+    """Each PLC map loads (register map or OPC UA node map, ``load_plc_map``) and its PLC
+    answers the handshake and the snapshot: a Modbus PLC its handshake block and the
+    snapshot's registers, an OPC UA PLC through its link (session, nodes resolved, the
+    eight handshake values in one Read, the data type of rung's six, the snapshot in one
+    Read; nothing written)."""
     from rung.daemon.modbus.link import Link
-    from rung.daemon.modbus.regmap import load_map
+    from rung.daemon.modbus.regmap import PlcMap
+    from rung.daemon.plc.maps import load_plc_map
 
     if not cfg.plcs:
         return "none configured"
 
-    async def probe(path: Path) -> str:
-        plc = load_map(path)
+    async def modbus(plc: PlcMap) -> str:
         link = Link(plc)
         try:
             start, count = plc.handshake.read_span()
@@ -107,15 +116,42 @@ def _plcs(cfg: Config) -> str:
             await link.close()
         return f"{plc.id} at {link.where}: handshake and {len(values)} points read"
 
-    return "; ".join(asyncio.run(probe(Path(p))) for p in cfg.plcs)
+    def probe(path: Path) -> str:
+        plc = load_plc_map(path)
+        if isinstance(plc, PlcMap):
+            return asyncio.run(modbus(plc))
+        return asyncio.run(_opcua(plc))
+
+    return "; ".join(probe(Path(p)) for p in cfg.plcs)
+
+
+async def _opcua(plc: NodeMap) -> str:
+    """One OPC UA PLC probed through its link; a failure names the link state it left
+    (``disconnected``: no session, e.g. security; ``connected``: a node or type refused)."""
+    from rung.daemon.opcua.link import NodeLink
+
+    link = NodeLink(plc)
+    sec = plc.server.security
+    security = "None" if sec.policy == "None" else f"{sec.policy} {sec.mode}"
+    try:
+        _, values = await link.probe()
+        state = link.state
+    except RungError as e:
+        state = link.state
+        await link.close()
+        raise RungError(f"{plc.id} at {link.where} (link {state}, security {security}): "
+                        f"{e.message}", e.hint) from e
+    await link.close()
+    return (f"{plc.id} at {link.where}: handshake and {len(values)} points read (OPC UA, "
+            f"link {state}, security {security})")
 
 
 def _plc_owner(cfg: Config) -> str | None:
     """In a fleet: each configured PLC is free, or driven by this node; one driven by
     another online node fails (this node would refuse it). None outside a fleet or without
     PLCs."""
-    from rung.daemon.modbus.regmap import load_map
     from rung.daemon.mqtt.fleet_view import plc_owners, read_statuses
+    from rung.daemon.plc.maps import load_plc_map
 
     if not cfg.mqtt.shared_group or not cfg.plcs:
         return None
@@ -123,7 +159,7 @@ def _plc_owner(cfg: Config) -> str | None:
     owners = plc_owners(asyncio.run(read_statuses(cfg.mqtt)))
     ok, taken = [], []
     for path in cfg.plcs:
-        plc = load_map(Path(path)).id
+        plc = load_plc_map(Path(path)).id
         owner = owners.get(plc)
         if owner is not None and owner != me:
             taken.append(f"{plc} is driven by {owner}")

@@ -121,6 +121,11 @@ def _generate_parser(sub: Any) -> None:
                    help="fast: greedy decoding also feeds grammar-forced and prompt-lookup "
                         "draft tokens, checked by the model in the same step (the same "
                         "tokens, fewer steps); auto: fast unless the engine has FFN gates")
+    p.add_argument("--config", type=Path,
+                   help="with --task: the daemon config (YAML) whose retries section sets "
+                   "the verified retries (default: the built-in retries)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --task: override a config key, e.g. retries.attempts=1")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -237,6 +242,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
     if args.max_tokens is not None and args.max_tokens < 1:
         raise GenerationError("--max-tokens must be at least 1")
+    if (args.config is not None or args.set) and args.task is None:
+        raise RungError("--config and --set set the retries of a task's answer",
+                        "use them with --task")
     if args.plcopen is not None and args.task is None:
         raise RungError("--plcopen writes the POU of a task's answer", "use --task st_code")
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -373,11 +381,14 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
     if args.plcopen is not None and task is not None and "st" not in task.validators:
         raise TaskError(f"--plcopen: task {args.task} does not answer with a POU",
                         "use --task st_code")
+    retry = _retry_policy(args, tasks)
     runner = TaskRunner(engine, tok, tasks, args.engine_dir, prefix=prefix,
                         fast=fast_decoding(args.decode, engine, "--decode"))
-    (r,) = runner.run([(args.task, data)], params, args.max_tokens)
+    # the daemon's driver and retries: the answer rung serve would give
+    (r,) = runner.run([(args.task, data)], params, args.max_tokens, retry=retry)
     g = r.generation
-    doc = {"task": r.task, "ok": r.ok,
+    doc = {"task": r.task, "ok": r.ok, "attempts": r.attempts,
+           "failed_checks": list(r.failed_checks),
            "text": g.text if g else "", "token_ids": g.token_ids if g else [],
            "finish_reason": g.finish_reason if g is not None and (
                r.error is None or r.error["code"] in ("truncated", "invalid_output"))
@@ -388,9 +399,8 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
                        "decode_tok_s": round(g.decode_tok_s, 2) if g else None},
            "ffn_skip_ratio": g.ffn_skip_ratio if g else None,
            "decoding": _decoding(g) if g else None,
-           "usage": {"prompt_tokens": g.prompt_tokens if g else 0,
-                     "completion_tokens": len(g.token_ids) if g else 0,
-                     "cached_tokens": g.cached_tokens if g else 0}}
+           "usage": {k: r.usage.get(k, 0)
+                     for k in ("prompt_tokens", "completion_tokens", "cached_tokens")}}
     if r.error is not None:
         doc["error"] = r.error
     if args.json:
@@ -400,6 +410,8 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
         pou = (r.validation or {}).get("pou_text")
         if pou:
             print(pou)
+        if g is not None:
+            print(f"rung: {_tries(r.attempts, r.failed_checks)}", file=sys.stderr)
     if r.error is not None:
         print(f"rung: error: {r.error['code']}: {r.error['message']}", file=sys.stderr)
         if args.plcopen is not None:
@@ -408,6 +420,28 @@ def _run_task(args: argparse.Namespace, engine: Any, tok: Any, params: Any,
     if args.plcopen is not None:
         _write_plcopen(args.plcopen, r.output, args.st_edition, quiet=args.json)
     return 0
+
+
+def _retry_policy(args: argparse.Namespace, tasks: Any) -> Any:
+    """The verified retries of ``rung serve``: the ``retries`` section of ``--config``
+    (with ``--set``), or the built-in one. The engine is ENGINE_DIR's (the config's
+    ``engine.path``, required there, is set to it)."""
+    from rung.daemon.config import ConfigError, load_config
+    from rung.daemon.tasks.runner import RetryPolicy
+
+    engine = f"engine.path={json.dumps(str(args.engine_dir))}"   # JSON is YAML
+    r = load_config(args.config, [engine, *args.set]).retries
+    unknown = sorted(set(r.per_task) - set(tasks))
+    if unknown:
+        raise ConfigError(f"retries.per_task.{unknown[0]}: no task named {unknown[0]!r}",
+                          f"tasks: {', '.join(sorted(tasks))}")
+    return RetryPolicy.from_config(r)
+
+
+def _tries(attempts: int, failed: Sequence[str]) -> str:
+    """How many tries an answer took, and what the failed ones failed."""
+    said = f"{attempts} {'try' if attempts == 1 else 'tries'}"
+    return f"{said} (failed: {', '.join(failed)})" if failed else said
 
 
 def _write_plcopen(path: Path, pou: Any, edition: int, quiet: bool) -> None:

@@ -5,9 +5,11 @@ Adapters ``submit`` parsed requests; a full queue refuses at once (the adapter a
 waiting requests join free rows (those past their deadline are answered ``expired``) and
 finished sequences leave and are answered, so a request never waits for a whole batch.
 The steps run in one worker thread, so the event loop keeps serving MQTT, Modbus, metrics
-and the watchdog while the engine works. Every request leaves through ``answer`` exactly
-once; whatever goes wrong with one request (its prompt, its grammar, its sampling, its
-validation) is that request's answer (``internal`` at worst), never the loop's end.
+and the watchdog while the engine works; there the request driver (``tasks.drive.Drive``,
+the one ``TaskRunner.run`` drives too) prepares, joins, steps, validates and retries. Every
+request leaves through ``answer`` exactly once; whatever goes wrong with one request (its
+prompt, its grammar, its sampling, its validation) is that request's answer (``internal``
+at worst), never the loop's end.
 """
 
 from __future__ import annotations
@@ -16,56 +18,23 @@ import asyncio
 import contextlib
 import gc
 import inspect
-import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
+from rung.daemon.request import Answer as Answer  # the adapters import it from here
 from rung.daemon.request import Request
-from rung.daemon.tasks.runner import Prepared, RetryPolicy, TaskResult, TaskRunner
-from rung.engines.errors import RungError, brief
-from rung.engines.grammar import Constraint
-from rung.engines.sampler import SamplingParams
-from rung.engines.sequence import Generation
+from rung.daemon.tasks.drive import Decoder as Decoder
+from rung.daemon.tasks.drive import Drive
+from rung.daemon.tasks.runner import Prepared, RetryPolicy, TaskRunner
 
 log = logging.getLogger("rung.scheduler")
 HALT_WAIT_S = 10.0   # a halted engine thread ends within one step; waited for this long
 
-
-@dataclass
-class Answer:
-    """What the scheduler hands back for one request."""
-
-    request: Request
-    ok: bool
-    code: str | None = None           # error code when not ok
-    message: str = ""
-    output: Any = None
-    validation: Any = None
-    usage: dict[str, Any] = field(default_factory=dict)
-    attempts: int = 1
-    failed_checks: tuple[str, ...] = ()
-
-
 AnswerFn = Callable[[Answer], None]
-
-
-class Decoder(Protocol):
-    """What the scheduler drives (``engines.batch.BatchDecoder``)."""
-
-    @property
-    def free(self) -> int: ...
-    @property
-    def active(self) -> int: ...
-    def add(self, tag: Hashable, prompt: Sequence[int], params: SamplingParams,
-            constraint: Constraint | None = None) -> int: ...
-    def run(self, interrupt: threading.Event | None = None,
-            max_steps: int = 1_000_000) -> list[tuple[Hashable, Generation]]: ...
 
 
 class Scheduler:
@@ -85,13 +54,12 @@ class Scheduler:
         self._starting: list[Awaitable[object]] = []
         self.max_pending, self.max_batch = max_pending, max_batch
         self.stuck_after_s = stuck_after_s
-        self.make_decoder = make_decoder or self._batch_decoder
-        self.decoder = self.make_decoder(max_batch)
+        # the rows of the continuous batch and the requests in them, used from the engine
+        # thread only (and read between cycles)
+        self.drive = Drive(runner, max_batch, retry, make_decoder)
         self.queue: deque[Request] = deque()
-        self._futures: dict[int, asyncio.Future[Answer]] = {}   # id(request) -> its answer
+        self._futures: dict[int, asyncio.Future[Answer]] = {}   # request uid -> its answer
         self.busy_since: float | None = None
-        self._inflight: dict[Hashable, tuple[Request, Prepared]] = {}
-        self._tags = itertools.count()
         self._wake = asyncio.Event()
         self._arrived = threading.Event()   # tells the engine thread a row can be filled
         self._stopping = False
@@ -99,11 +67,14 @@ class Scheduler:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rung-engine")
         self._task: asyncio.Task[None] | None = None
 
-    def _batch_decoder(self, rows: int) -> Decoder:
-        from rung.engines.batch import BatchDecoder
+    @property
+    def decoder(self) -> Decoder:
+        return self.drive.decoder
 
-        r = self.runner
-        return BatchDecoder(r.engine, r.tokenizer, rows, r.prefix, fast=r.fast)
+    @property
+    def _inflight(self) -> dict[Hashable, tuple[Request, Prepared]]:
+        """Row tag -> the request and its try, in the batch now."""
+        return self.drive.inflight
 
     @property
     def depth(self) -> int:
@@ -120,7 +91,7 @@ class Scheduler:
         if self._stopping or (not recovered and len(self.queue) >= self.max_pending):
             return None
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._futures[id(request)] = future
+        self._futures[request.uid] = future
         self.queue.append(request)
         self._wake.set()
         if self.decoder.free:
@@ -160,8 +131,8 @@ class Scheduler:
                 results = await loop.run_in_executor(self._pool, self._cycle, joining)
             finally:
                 self.busy_since = None
-            for req, res in results:
-                self._reply(req, res)
+            for answer in results:
+                self._reply_answer(answer)
 
     def _take(self) -> list[Request]:
         """Requests for the free rows, oldest first; the expired ones answered here."""
@@ -185,80 +156,17 @@ class Scheduler:
             joining.append(req)
         return joining
 
-    def _cycle(self, joining: list[Request]) -> list[tuple[Request, TaskResult]]:
-        """In the engine thread: join ``joining``, step, finish. Whatever fails with one
-        request answers that request; a failed engine step answers the batch."""
-        results: list[tuple[Request, TaskResult]] = []
-        for req in joining:
-            try:
-                res = self._start(req)
-            except Exception as e:   # this request's failure, not the loop's
-                log.exception("%s failed before generation", req.ref)
-                res = _internal(req, e)
-            if res is not None:
-                results.append((req, res))
-        if not self.decoder.active or self._halt:
+    def _cycle(self, joining: list[Request]) -> list[Answer]:
+        """In the engine thread: join ``joining``, step, finish (the driver: whatever fails
+        with one request answers that request; a failed engine step answers the batch)."""
+        results = [a for req in joining if (a := self.drive.join(req)) is not None]
+        if not self.drive.active or self._halt:
             return results
-        try:
-            done = self.decoder.run(self._arrived)
-        except Exception as e:  # an engine failure answers the batch, the loop goes on
-            log.exception("generation failed")
-            return results + self._fail_inflight(brief("generation failed",
-                                                       type(e).__name__))
-        for tag, gen in done:
-            req, prepared = self._inflight.pop(tag)
-            res = self.runner.finish(prepared, gen)
-            if not (self.retry is not None and not self._stopping
-                    and self.retry.allows(prepared, res, req.deadline)
-                    and self._again(req, prepared, res)):
-                results.append((req, res))
-        return results
-
-    def _again(self, req: Request, prepared: Prepared, failed: TaskResult) -> bool:
-        """Start the next attempt in the row the failed one just left; False when it
-        cannot start (the failed answer stands)."""
-        assert self.retry is not None
-        try:
-            again = self.runner.retry(prepared, self.retry, failed)
-            tag = next(self._tags)
-            self.decoder.add(tag, again.ids, again.params, again.constraint)
-        except Exception:
-            log.exception("%s: the retry could not start", req.ref)
-            return False
-        self._inflight[tag] = (req, again)
-        return True
-
-    def _start(self, req: Request) -> TaskResult | None:
-        """Prepare a request and put it in a free row; its answer when it cannot run."""
-        params = SamplingParams(temperature=req.temperature, top_p=req.top_p,
-                                top_k=req.top_k, seed=req.seed)
-        prepared = self.runner.prepare(req.task, req.input, params, req.max_tokens)
-        if isinstance(prepared, TaskResult):
-            return prepared
-        tag = next(self._tags)
-        try:
-            self.decoder.add(tag, prepared.ids, prepared.params, prepared.constraint)
-        except RungError as e:
-            return TaskResult(req.task, False, None, None,
-                              {"code": "too_long", "message": e.message}, None)
-        self._inflight[tag] = (req, prepared)
-        return None
-
-    def _fail_inflight(self, message: str) -> list[tuple[Request, TaskResult]]:
-        """Every request in the batch answered ``internal``; a fresh batch (its KV state
-        is unknown after a failed step)."""
-        failed, self._inflight = self._inflight, {}
-        self.decoder = self.make_decoder(self.max_batch)
-        return [(req, TaskResult(req.task, False, None, None,
-                                 {"code": "internal", "message": message}, None))
-                for req, _ in failed.values()]
-
-    def _reply(self, req: Request, res: TaskResult) -> None:
-        self._reply_answer(_answer(req, res))
+        return results + self.drive.step(self._arrived, retries=not self._stopping)
 
     def _reply_answer(self, answer: Answer) -> None:
         """Resolve the request's future; the observer sees every answer (metrics)."""
-        future = self._futures.pop(id(answer.request), None)
+        future = self._futures.pop(answer.request.uid, None)
         if future is not None and not future.done():
             future.set_result(answer)
         try:
@@ -301,30 +209,3 @@ class Scheduler:
         self._pool.shutdown(wait=False, cancel_futures=True)
         return len(self.queue) + halted
 
-
-def _internal(req: Request, e: Exception) -> TaskResult:
-    """A failure inside rung, told in brief (the log has its traceback): no library's
-    internals reach a client."""
-    return TaskResult(req.task, False, None, None,
-                      {"code": "internal",
-                       "message": brief("the request failed", type(e).__name__)}, None)
-
-
-def _answer(req: Request, res: TaskResult) -> Answer:
-    g = res.generation
-    usage: dict[str, Any] = {}
-    if g is not None:
-        usage = {"prompt_tokens": g.prompt_tokens, "completion_tokens": len(g.token_ids),
-                 "cached_tokens": g.cached_tokens, "ttft_ms": round(g.ttft_ms, 1),
-                 "decode_tok_s": round(g.decode_tok_s, 1),
-                 "ffn_skip_ratio": g.ffn_skip_ratio, "steps": g.steps}
-        if g.drafted_tokens:
-            usage.update(drafted_tokens=g.drafted_tokens, forced_tokens=g.forced_tokens,
-                         accepted_tokens=g.accepted_tokens)
-    if res.ok:
-        return Answer(req, True, output=res.output, validation=res.validation, usage=usage,
-                      attempts=res.attempts, failed_checks=res.failed_checks)
-    err = res.error or {"code": "internal", "message": "no result"}
-    return Answer(req, False, err["code"], err["message"], output=res.output,
-                  validation=res.validation, usage=usage, attempts=res.attempts,
-                  failed_checks=res.failed_checks)

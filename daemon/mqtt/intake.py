@@ -42,8 +42,10 @@ from rung.engines.errors import RungError, brief
 
 log = logging.getLogger("rung.serve")   # the ``answered`` lines keep their logger (docs/mqtt.md)
 USAGE_CORE = ("prompt_tokens", "completion_tokens", "cached_tokens", "ttft_ms")
-# fast decoding: decode steps, draft tokens offered, of them grammar-forced, confirmed
-USAGE_KEYS = (*USAGE_CORE, "steps", "drafted_tokens", "forced_tokens", "accepted_tokens")
+# fast decoding: decode steps, draft tokens offered, of them grammar-forced, confirmed;
+# receipt to the first token (queue included; ttft_ms is the engine's part)
+USAGE_KEYS = (*USAGE_CORE, "steps", "drafted_tokens", "forced_tokens", "accepted_tokens",
+              "first_token_ms")
 
 
 class MqttIntake:
@@ -59,7 +61,7 @@ class MqttIntake:
         self.cfg, self.tasks, self.journal = cfg, tasks, journal
         self.scheduler, self.outbox, self.metrics = scheduler, outbox, metrics
         self.holding = False
-        # the requests with the scheduler, by id(request): their journal rows for ``started``
+        # the requests with the scheduler, by their uid: their journal rows for ``started``
         self._open: dict[int, MqttRequest] = {}
 
     # -- intake --------------------------------------------------------------------------
@@ -166,7 +168,7 @@ class MqttIntake:
         """The scheduler's ``on_start``: count the attempt before the model starts (a
         poison message is recognised after a restart). With the journal attached, the
         future the scheduler awaits before it starts the model (it never raises)."""
-        m = self._open.get(id(req))
+        m = self._open.get(req.uid)
         if m is None:
             return None   # not from here: Modbus jobs live in the PLC's registers
         if self.journal.attached:
@@ -248,7 +250,7 @@ class MqttIntake:
                                    f"({self.cfg.queue.max_pending} pending); retry later"))
             self.metrics.observe_request(req.task, "busy", total_s=time.time() - req.received)
             return
-        self._open[id(req)] = m
+        self._open[req.uid] = m
         future.add_done_callback(partial(self._answered, m))
 
     def _quarantine(self, entry: Entry, parsed: MqttRequest | rq.Failure) -> None:
@@ -273,7 +275,7 @@ class MqttIntake:
     # -- answers -------------------------------------------------------------------------
 
     def _answered(self, m: MqttRequest, future: asyncio.Future[Answer]) -> None:
-        self._open.pop(id(m.request), None)
+        self._open.pop(m.request.uid, None)
         self._answer(m, future.result())
 
     def _answer(self, m: MqttRequest, a: Answer) -> None:

@@ -19,6 +19,10 @@ while the row is kept (``retention_s`` after delivery), so it is answered once. 
 without an id is recognised only as a broker redelivery of a row not yet delivered (same
 packet id and content): two equal anonymous requests are two requests.
 
+Requests that came as OPC UA method calls (rung's OPC UA server) are rows too, their topic
+``opcua:...``: answered to the caller and kept (``settle``, never published), left out of
+``pending()`` unless asked for (MQTT recovery and the fleet hand-over never see them).
+
 A file that fails SQLite's integrity check is moved aside (``journal.db.corrupt-<time>``)
 and a new one started; nothing from it is used.
 
@@ -78,6 +82,10 @@ CREATE INDEX IF NOT EXISTS entries_state ON entries(state);
 
 
 MAX_BATCH = 256   # writes in one transaction of the writer thread
+# the topic prefix of a request that came as an OPC UA method call (rung's OPC UA server):
+# answered to its caller and kept for a repeated call (``settle``), never published; left
+# out of ``pending()`` (MQTT recovery, fleet hand-over) unless asked for
+OPCUA_PREFIX = "opcua:"
 
 # SQLite errors that mean the file itself is damaged or not our journal (SQLITE_ERROR: the
 # ``entries`` table or its columns are missing); any other error is not moved aside.
@@ -550,6 +558,23 @@ class Journal:
         """Attached: ``started`` in the writer thread; resolves once it is durable."""
         return self._soon(lambda w: self._started(w, seq), "started", seq)
 
+    def settle(self, seq: int, reply_topic: str, response: bytes, note: str | None = None,
+               keep: bool = True) -> asyncio.Future[Any] | None:
+        """A pending request answered to its caller directly (an OPC UA method call):
+        the answer recorded and the row done (``delivered``) in one write, never published;
+        the row is kept as a duplicate's answer (``find``) for ``retention_s``. ``keep``
+        False gives up the row's key (a call refused as ``busy``: the same id may come
+        again and is then run). Attached: the future resolves once it is durable."""
+        sql = ("UPDATE entries SET state = 'delivered', reply_topic = ?, response = ?, "
+               "updated = ?, note = ?, key = CASE WHEN ? THEN key ELSE NULL END "
+               "WHERE seq = ? AND state = 'pending'")
+        args = (reply_topic, response, time.time(), note, keep, seq)
+        if self.attached:
+            self._check_open()
+            return self._soon(lambda w: w(sql, args), "settle", seq)
+        self._write(sql, args)
+        return None
+
     def _mark(self, seq: int, sql: str, args: tuple[object, ...],
               checkpoint: bool) -> None:
         """Attached: a delivery (or dead-letter) mark, queued; the row leaves
@@ -614,12 +639,19 @@ class Journal:
             f"state, reply_topic, response, attempts FROM entries {where} ORDER BY seq", args)
         return [Entry(*r) for r in rows]
 
-    def pending(self) -> list[Entry]:
-        """Recorded, not yet answered (oldest first)."""
-        rows = self._rows("WHERE state = ?", ("pending",))
+    def pending(self, opcua: bool = False) -> list[Entry]:
+        """Recorded, not yet answered (oldest first): the MQTT requests, or with ``opcua``
+        the OPC UA server's calls (topic ``opcua:...``; ``OPCUA_PREFIX``)."""
+        rows = self._rows(f"WHERE state = ? AND topic {'' if opcua else 'NOT '}LIKE ?",
+                          ("pending", OPCUA_PREFIX + "%"))
         if not self.attached:
             return rows
         return [e for e in rows if e.seq not in self._answering and e.seq not in self._handing]
+
+    def find(self, msg: Incoming) -> Entry | None:
+        """The row kept for a request with an id (its dedupe key), answered or not."""
+        rows = self._rows("WHERE key = ?", (dedupe_key(msg),))
+        return rows[0] if rows else None
 
     def undelivered(self) -> list[Entry]:
         """Answered, the broker has not acknowledged the answer (oldest first)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -59,6 +60,15 @@ _INTS: dict[ua.VariantType, Callable[[int], int]] = {
 }
 
 
+# what a resume needs of asyncua's client (2.1: the pieces of its own auto-reconnect)
+_RESUMABLE = all(hasattr(Client, name) for name in (
+    "_teardown_transport_only", "_start_renew_loop", "_connection_supervisor"))
+# statuses after which the session may live on: only the channel or the connection failed
+_CHANNEL_LOST = frozenset({"BadSecureChannelIdInvalid", "BadSecureChannelClosed",
+                           "BadConnectionClosed", "BadNotConnected", "BadServerNotConnected",
+                           "BadCommunicationError", "BadTimeout", "BadRequestTimeout"})
+
+
 class _Changes:
     """asyncua's subscription handler: a change of req/req_seq wakes the handshake."""
 
@@ -92,6 +102,9 @@ class NodeLink:
         self._points: list[tuple[NodePoint, ua.NodeId]] = []
         self._types: dict[str, ua.VariantType] = {}   # written node -> its data type
         self._resolved = False
+        # a session whose connection was lost, kept for ActivateSession on a new channel
+        self._stale: Client | None = None
+        self.sessions = {"created": 0, "resumed": 0}   # this link's, for tests and logs
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()   # sessions lost, being closed
 
@@ -144,6 +157,16 @@ class NodeLink:
         return {p.name: _value(self.plc.id, op, p, v)
                 for (p, _), v in zip(self._points, raw, strict=True)}
 
+    async def probe(self) -> tuple[dict[str, int], Values]:
+        """``rung check``: connect, read the handshake, check the data type of each of
+        rung's six handshake nodes (nothing is written) and read the snapshot once; the
+        first failure raises as the handshake would see it."""
+        handshake = await self.read_handshake()
+        client = await self._ready("type check")
+        for name in RUNG_WRITES:
+            await self._type(client, "type check", name)
+        return handshake, await self.read_snapshot()
+
     def set_fault(self, what: str, detail: str | None) -> None:
         if detail is None:
             self._faults.pop(what, None)
@@ -153,6 +176,9 @@ class NodeLink:
 
     async def close(self) -> None:
         await self._drop()
+        stale, self._stale = self._stale, None
+        if stale is not None:
+            await _disconnect(stale)
         self._set_state("disconnected", None)
 
     # --- session ---------------------------------------------------------------------------
@@ -160,6 +186,8 @@ class NodeLink:
         """The session, connected and with the map's nodes resolved (under the lock)."""
         async with self._lock:
             client = self._client
+            if client is None and self._stale is not None:
+                client = await self._resume(op)
             if client is None:
                 client = await self._connect(op)
             if not self._resolved:
@@ -195,6 +223,49 @@ class NodeLink:
             raise error from e
         client.connection_lost_callback = self._connection_lost
         self._client, self._resolved, self._types = client, False, {}
+        self.sessions["created"] += 1
+        self._set_state("connected", None)
+        return client
+
+    async def _resume(self, op: str) -> Client | None:
+        """The lost session reactivated on a new secure channel (OPC UA Part 4, 6.7:
+        ActivateSession with its authentication token): the server kept it, so its
+        subscription and the nodes resolved stand. None when the server refuses it
+        (BadSessionIdInvalid after a restart, a session timed out, any failure): the
+        caller opens a new session. asyncua 2.1's client supports this only inside its own
+        auto-reconnect (off here); the steps are its own, with two of its private parts
+        (the channel-renew loop and the supervisor that reports a lost connection)."""
+        client, self._stale = self._stale, None
+        if client is None or not _RESUMABLE:
+            return None
+        s = self.plc.server
+        try:
+            old = client._supervisor_task   # it reported the loss, or is about to
+            if old is not None and not old.done():
+                old.cancel()
+            async with asyncio.timeout(s.timeout_s * 3):
+                await client._teardown_transport_only()
+                await client.connect_socket()
+                await client.send_hello()
+                await client.open_secure_channel()
+                client.uaclient.session.rebind_authentication_token()
+                await client.activate_session(username=s.user, password=s.password,
+                                              certificate=client.user_certificate)
+            client.uaclient.ensure_publish_loop()
+            client._start_renew_loop()
+            client._supervisor_task = asyncio.get_running_loop().create_task(
+                client._connection_supervisor())
+            for sub in list(client._subscriptions):   # the server kept it: publish again
+                sub.last_publish_at = time.monotonic()
+        except Exception as e:
+            why = translate(self.plc.id, op, e)
+            log.info("PLC %s: session not resumed (%s): a new session", self.plc.id,
+                     why.status or why.message)
+            await _disconnect(client)
+            return None
+        self._client = client
+        self.sessions["resumed"] += 1
+        log.info("PLC %s: session resumed on a new secure channel", self.plc.id)
         self._set_state("connected", None)
         return client
 
@@ -304,8 +375,9 @@ class NodeLink:
                 return await call
         except Exception as e:
             error = translate(self.plc.id, op, e)
-            if error.connection:
-                await self._drop()
+            if error.connection:   # the session itself refused (a status): not resumable
+                await self._drop(resumable=error.status is None
+                                 or error.status in _CHANNEL_LOST)
                 self._set_state("error" if isinstance(e, TimeoutError) else "disconnected",
                                 error.message)
             raise error from e
@@ -315,19 +387,35 @@ class NodeLink:
         self._lost(f"connection lost ({exc or type(exc).__name__})")
 
     def _lost(self, why: str) -> None:
-        client, self._client, self._resolved = self._client, None, False
+        """The session's connection is gone: the session is kept for ``_resume`` (the
+        nodes resolved with it)."""
+        client, self._client = self._client, None
         if client is not None:
-            closing = asyncio.get_running_loop().create_task(_disconnect(client))
-            self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
+            self._keep(client)
             self._set_state("disconnected", f"plc {self.plc.id}: {why}")
         if self.on_request is not None:
             self.on_request()   # the handshake's next cycle reconnects
 
-    async def _drop(self) -> None:
-        client, self._client, self._resolved = self._client, None, False
-        if client is not None:
-            await _disconnect(client)
+    def _keep(self, client: Client) -> None:
+        """Keep a session whose connection failed for ``_resume`` (one at most: an older
+        one is closed)."""
+        old, self._stale = self._stale, client
+        if old is not None and old is not client:
+            closing = asyncio.get_running_loop().create_task(_disconnect(old))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+    async def _drop(self, resumable: bool = False) -> None:
+        """Leave the session: kept for ``_resume`` (``resumable``: the connection failed,
+        the server may still hold it), else closed."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        if resumable:
+            self._keep(client)
+            return
+        self._resolved = False
+        await _disconnect(client)
 
     # --- state -----------------------------------------------------------------------------
     def _set_state(self, state: str, detail: str | None) -> None:

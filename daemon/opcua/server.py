@@ -19,8 +19,16 @@ false, "error": {"code", "message"}}``). A call is parsed by the MQTT adapter's 
 ``requests.parse`` (the payload size cap, the field and input checks) and answered through
 the same scheduler (its bounded queue: ``busy``; ``queue.request_timeout_s``: ``expired``);
 the method returns when the answer is there, so the client's call timeout must allow a
-generation. Calls are not journaled: a call cut short by a restart fails at the client,
-which calls again.
+generation.
+
+Calls are journaled as MQTT requests are (``daemon/mqtt/journal.py``): recorded before they
+run (topic ``opcua:{base}/req/{task}``, the canonical JSON payload), the start counted, the
+answer kept (``Journal.settle``: never published). A call names itself with the request
+form's ``id`` (one is assigned, ``opcua-<hex>``, and echoed when it has none): a call
+repeated with the same id and request (after a client timeout, a dropped session, a
+restart) gets the kept answer, or waits for the run in progress, and never runs twice.
+Calls recorded before a restart and not answered run again at start-up (``recover``),
+their answers kept for the caller's next call.
 
 Security: the policies listed (None, Basic256Sha256 Sign / SignAndEncrypt) with rung's
 certificate and key; client certificates are trusted only when listed
@@ -30,11 +38,13 @@ certificate and key; client certificates are trusted only when listed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -45,7 +55,14 @@ from asyncua.server.server import Server
 
 from rung.daemon.config import OpcUaServerConfig
 from rung.daemon.mqtt import requests as rq
-from rung.daemon.mqtt.journal import Entry
+from rung.daemon.mqtt.journal import (
+    OPCUA_PREFIX,
+    Entry,
+    Incoming,
+    Journal,
+    JournalError,
+    dedupe_key,
+)
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer
 from rung.engines.errors import RungError
@@ -59,7 +76,7 @@ _POLICIES = {"None": ua.SecurityPolicyType.NoSecurity,
              "Basic256Sha256_Sign": ua.SecurityPolicyType.Basic256Sha256_Sign,
              "Basic256Sha256_SignAndEncrypt":
                  ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt}
-Submit = Callable[[Request], "asyncio.Future[Answer] | None"]
+Submit = Callable[[Request, bool], "asyncio.Future[Answer] | None"]   # (request, recovered)
 
 
 def read_users(path: Path) -> dict[str, str]:
@@ -106,10 +123,14 @@ class RungServer:
 
     def __init__(self, cfg: OpcUaServerConfig, tasks: Mapping[str, Any], submit: Submit,
                  status: Callable[[], dict[str, Any]], base_topic: str, client_id: str,
-                 max_payload_bytes: int, timeout_s: float) -> None:
+                 max_payload_bytes: int, timeout_s: float, journal: Journal | None = None,
+                 max_attempts: int = 3) -> None:
         self.cfg, self.tasks, self.submit, self.status = cfg, tasks, submit, status
         self.base, self.client_id = base_topic, client_id
         self.max_payload, self.timeout_s = max_payload_bytes, timeout_s
+        self.journal, self.max_attempts = journal, max_attempts
+        self._inflight: dict[str, asyncio.Task[str]] = {}   # journaled calls, by key
+        self._open: dict[int, int] = {}   # request uid -> journal row, with the scheduler
         self.users = read_users(cfg.users_file) if cfg.users_file is not None else {}
         self.server: Server | None = None
         self._status_nodes: dict[str, tuple[Any, ua.VariantType]] = {}
@@ -195,7 +216,10 @@ class RungServer:
 
     async def answer(self, task: str, text: Any) -> str:
         """One method call: the request text parsed as an MQTT request of ``task`` would
-        be, run through the scheduler, the answer in MQTT's answer form."""
+        be; with the journal, recorded (under its ``id``, one assigned when it has none)
+        before it runs and its answer kept, so that a call repeated with the same id gets
+        that answer (or waits for the run in progress) instead of a second run; the answer
+        in MQTT's answer form."""
         seq = next(self._calls)
         payload = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else b""
         if len(payload) <= self.max_payload:
@@ -203,27 +227,164 @@ class RungServer:
                 doc = json.loads(payload)
             except (ValueError, RecursionError):
                 doc = None
-            if isinstance(doc, dict) and "input" not in doc:   # the input object alone
-                payload = json.dumps({"input": doc}, ensure_ascii=False).encode()
+            if isinstance(doc, dict):
+                if "input" not in doc:   # the input object alone
+                    doc = {"input": doc}
+                if self.journal is not None and doc.get("id") is None:
+                    doc["id"] = f"opcua-{uuid.uuid4().hex}"
+                # canonical: the same request (input, id, fields) is the same payload
+                payload = json.dumps(doc, ensure_ascii=False, sort_keys=True,
+                                     separators=(",", ":")).encode("utf-8", "surrogatepass")
         now = time.time()
-        entry = Entry(seq, f"{self.base}/req/{task}", payload, None, None, now, None)
-        parsed = rq.parse(entry, self.base, self.client_id, self.tasks, self.max_payload,
-                          self.timeout_s)
-        if isinstance(parsed, rq.Failure):
+        topic = f"{self.base}/req/{task}"
+        parsed = rq.parse(Entry(seq, topic, payload, None, None, now, None), self.base,
+                          self.client_id, self.tasks, self.max_payload, self.timeout_s)
+        if isinstance(parsed, rq.Failure):   # refused at the edge: nothing to record
             return rq.error_response(parsed.reply, task, parsed.code,
                                      parsed.message).decode()
+        if self.journal is None:
+            return await self._run(parsed, seq)
+        msg = self._incoming(OPCUA_PREFIX + topic, payload)
+        key = dedupe_key(msg)
+        running = self._inflight.get(key)
+        if running is None:
+            running = self._track(key, self._journaled(msg, parsed, now))
+        return await asyncio.shield(running)
+
+    # -- the journal -----------------------------------------------------------------------
+
+    def _incoming(self, topic: str, payload: bytes) -> Incoming:
+        return Incoming(topic, payload, claimed_id=rq.claimed_id(payload, self.max_payload))
+
+    def _track(self, key: str, work: Coroutine[Any, Any, str]) -> asyncio.Task[str]:
+        """Run one journaled call as a task of its own: a caller that goes away (a client
+        timeout, a dropped session) does not stop it, and a repeat awaits it."""
+        task = asyncio.get_running_loop().create_task(work, name="opcua-call")
+        self._inflight[key] = task
+
+        def done(t: asyncio.Task[str]) -> None:
+            if self._inflight.get(key) is t:
+                del self._inflight[key]
+        task.add_done_callback(done)
+        return task
+
+    async def _journaled(self, msg: Incoming, parsed: rq.MqttRequest, now: float) -> str:
+        """Record the call, then run it; a duplicate of a kept row gets its answer."""
+        journal = self.journal
+        assert journal is not None
+        try:
+            entry = await journal.record_soon(msg, now) if journal.attached \
+                else journal.record(msg, now)
+        except JournalError as e:
+            return rq.error_response(parsed.reply, parsed.request.task, "unavailable",
+                                     f"request not accepted: {e.message}; retry later"
+                                     ).decode()
+        if entry is not None:
+            return await self._run(replace(parsed, seq=entry.seq), entry.seq)
+        row = journal.find(msg)
+        if row is not None and row.response is not None:
+            log.info("opcua call answered from the journal", extra={"rung_fields": {
+                "seq": row.seq, "id": parsed.reply.id, "task": parsed.request.task}})
+            return bytes(row.response).decode("utf-8", "replace")
+        if row is not None:   # pending, not running here (its answer could not be kept)
+            return await self._recovered(row)
+        return rq.error_response(parsed.reply, parsed.request.task, "unavailable",
+                                 "request not accepted (the journal changed meanwhile); "
+                                 "retry later").decode()
+
+    def recover(self) -> int:
+        """Start-up (after the MQTT intake's ``recover`` attached the journal): run the
+        calls recorded before a restart and not answered, each answer kept for the
+        caller's next call with the same id. Returns the calls re-queued."""
+        if self.journal is None:
+            return 0
+        pending = self.journal.pending(opcua=True)
+        for e in pending:
+            self._track(dedupe_key(self._incoming(e.topic, e.payload)), self._recovered(e))
+        if pending:
+            log.info("recovered %d opcua calls from the journal", len(pending))
+        return len(pending)
+
+    async def _recovered(self, e: Entry) -> str:
+        """A call recorded before a restart: quarantined after ``max_attempts`` starts,
+        else run again from its recorded payload."""
+        parsed = rq.parse(replace(e, topic=e.topic[len(OPCUA_PREFIX):]), self.base,
+                          self.client_id, self.tasks, self.max_payload, self.timeout_s)
+        task = e.topic.rpartition("/")[2]
+        if isinstance(parsed, rq.Failure):
+            text = rq.error_response(parsed.reply, task, parsed.code, parsed.message).decode()
+            await self._settle(e.seq, text)
+            return text
+        if e.attempts >= self.max_attempts:
+            why = (f"quarantined: the daemon stopped {e.attempts} times while this request "
+                   f"was in flight (journal.max_attempts = {self.max_attempts}); it is not "
+                   "run again")
+            log.error("opcua call %d %s", e.seq, why)
+            text = rq.error_response(parsed.reply, task, "internal", why).decode()
+            await self._settle(e.seq, text, note=why)
+            return text
+        return await self._run(parsed, e.seq, recovered=True)
+
+    async def _settle(self, seq: int, text: str, note: str | None = None,
+                      keep: bool = True) -> None:
+        """Keep a journaled call's answer (a failure is logged: the row stays pending and
+        the call runs again after a restart, at least once)."""
+        if self.journal is None:
+            return
+        try:
+            done = self.journal.settle(seq, OPCUA_PREFIX + "caller", text.encode(), note, keep)
+            if done is not None:
+                await done
+        except JournalError as e:
+            log.warning("opcua call %d: its answer could not be kept (%s)", seq, e)
+
+    def call_started(self, req: Request) -> asyncio.Future[None] | None:
+        """The scheduler's ``on_start`` for a journaled call: its attempt counted before
+        the model starts (a call the daemon keeps dying on is quarantined)."""
+        seq = self._open.get(req.uid)
+        if seq is None or self.journal is None:
+            return None
+        if not self.journal.attached:
+            with contextlib.suppress(JournalError):
+                self.journal.started(seq)
+            return None
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def counted(f: asyncio.Future[int]) -> None:
+            if f.exception() is not None:
+                log.warning("opcua call %d: its start could not be recorded (%s)", seq,
+                            f.exception())
+            done.set_result(None)
+
+        self.journal.started_soon(seq).add_done_callback(counted)
+        return done
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def _run(self, parsed: rq.MqttRequest, seq: int, recovered: bool = False) -> str:
+        """Through the scheduler; the answer kept in the journal (journaled calls)."""
+        task = parsed.request.task
         req = replace(parsed.request, ref=f"opcua call {seq}")
-        future = self.submit(req)
-        if future is None:
-            return rq.error_response(parsed.reply, task, "busy", "queue full").decode()
-        a = await future
+        future = self.submit(req, recovered)
+        if future is None:   # not kept: the same id may be sent again, and then runs
+            text = rq.error_response(parsed.reply, task, "busy", "queue full").decode()
+            await self._settle(seq, text, "busy", keep=False)
+            return text
+        self._open[req.uid] = seq
+        try:
+            a = await future
+        finally:
+            self._open.pop(req.uid, None)
         if a.ok:
-            return rq.ok_response(parsed.reply, task, a.output, a.validation,
-                                  a.usage).decode()
-        extra = {"output": a.output, "validation": a.validation} \
-            if a.output is not None else None
-        return rq.error_response(parsed.reply, task, a.code or "internal",
-                                 a.message or "", extra).decode()
+            text = rq.ok_response(parsed.reply, task, a.output, a.validation, a.usage,
+                                  {"attempts": a.attempts}).decode()
+        else:
+            extra = {"output": a.output, "validation": a.validation} \
+                if a.output is not None else None
+            text = rq.error_response(parsed.reply, task, a.code or "internal",
+                                     a.message or "", extra).decode()
+        await self._settle(seq, text)
+        return text
 
 
 def _argument(name: str, text: str) -> ua.Argument:

@@ -1,7 +1,9 @@
 """Answer one task request on an engine: input check -> prompt -> schema-constrained
-generation -> parse -> validation. Every outcome is a ``TaskResult``; failures carry one of
-the contract's error codes (``bad_request``, ``unknown_task``, ``too_long``, ``truncated``,
-``invalid_output``) and never a half object presented as valid.
+generation -> parse -> validation. Every outcome is an ``Answer`` (``TaskResult`` here);
+failures carry one of the contract's error codes (``bad_request``, ``unknown_task``,
+``too_long``, ``truncated``, ``invalid_output``) and never a half object presented as valid.
+Batches and retries are driven by ``drive.Drive``, the same driver the daemon's scheduler
+runs (``TaskRunner.run`` is a plain loop over it).
 """
 
 from __future__ import annotations
@@ -13,35 +15,32 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rung.daemon.request import Answer, Request
 from rung.daemon.tasks import shaping
+from rung.daemon.tasks.drive import Drive, drive_all
 from rung.daemon.tasks.names import Closers, NameGuard
 from rung.daemon.tasks.task import Task, TaskError
 from rung.daemon.tasks.validate import validate_output
 from rung.engines import AnyEngine
 from rung.engines.drafts import inexact
-from rung.engines.errors import GenerationError, RungError, TokenizerError, brief
-from rung.engines.generate import generate
+from rung.engines.errors import GenerationError, TokenizerError, brief
 from rung.engines.grammar import Constraint, GrammarCompiler, GrammarError, Lark
 from rung.engines.prefix_cache import PrefixCache
 from rung.engines.sampler import SamplingParams
 from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from rung.daemon.config import RetriesConfig
+
 log = logging.getLogger("rung.tasks")
 
 
-@dataclass
-class TaskResult:
-    task: str
-    ok: bool
-    output: Any | None
-    validation: dict[str, Any] | None
-    error: dict[str, str] | None
-    generation: Generation | None
-    attempts: int = 1         # tries it took (verified retries)
-    failed_checks: tuple[str, ...] = ()   # the first failing check of each failed try
+# the runner's results are answers: one shape from the validator to the payload (tools
+# and bench scripts know it by this name)
+TaskResult = Answer
 
 
 @dataclass
@@ -86,7 +85,7 @@ class RetryPolicy:
     ``feedback_sampled``); a try whose feedback prompt leaves too little room for the
     answer (``FEEDBACK_ROOM``) is resampled instead.
     Resampling is the default: with the demo model feedback passes no more answers, and
-    fewer where many failed (docs/benchmarks.md, "Answers that pass")."""
+    fewer where many failed (docs/benchmarks/answers.md, "Answers that pass")."""
 
     attempts: int = 3
     budget_s: float = 60.0
@@ -96,12 +95,18 @@ class RetryPolicy:
     form: str = "append"
     feedback_sampled: bool = True   # feedback tries at ``temperature`` too
 
+    @classmethod
+    def from_config(cls, r: RetriesConfig) -> RetryPolicy:
+        """The policy the config's ``retries`` section sets (``rung serve`` and ``rung
+        generate --task`` alike)."""
+        return cls(r.attempts, r.budget_s, r.temperature, dict(r.per_task), mode=r.mode)
+
     def __post_init__(self) -> None:
         if self.mode not in RETRY_MODES or self.form not in FEEDBACK_FORMS:
             raise ValueError(f"retry mode {self.mode!r}, form {self.form!r}: expected a "
                              f"mode of {RETRY_MODES} and a form of {FEEDBACK_FORMS}")
 
-    def allows(self, prepared: Prepared, result: TaskResult,
+    def allows(self, prepared: Prepared, result: Answer,
                deadline: float | None = None) -> bool:
         """Whether ``result`` gets another try: it failed its checks, or it ran out of the
         task's own token budget before its JSON closed (a loop another draw may not
@@ -133,9 +138,15 @@ def _check_vectors(task: Task, data: Any) -> None:
         raise TaskError(f"input vectors: {e}", "see docs/tasks.md, test vectors") from e
 
 
-def _fail(task: str, code: str, message: str,
-          generation: Generation | None = None) -> TaskResult:
-    return TaskResult(task, False, None, None, {"code": code, "message": message}, generation)
+def _request(task: str, data: Any) -> Request:
+    """The request as the runner knows it (task and input); the driver gives an answer
+    the request it was asked with."""
+    return Request(task=task, input=data, received=time.time(), deadline=math.inf)
+
+
+def _fail(task: str, data: Any, code: str, message: str,
+          generation: Generation | None = None) -> Answer:
+    return Answer(_request(task, data), False, code, message, generation=generation)
 
 
 class TaskRunner:
@@ -164,13 +175,13 @@ class TaskRunner:
                 raise TaskError(f"{task.path}: key 'output_schema': {e.message}", e.hint) from e
 
     def prepare(self, name: str, data: Any, params: SamplingParams,
-                max_tokens: int | None = None) -> Prepared | TaskResult:
+                max_tokens: int | None = None) -> Prepared | Answer:
         """Check a request and build what generation needs: its prompt ids, its grammar
-        constraint and its sampling; or the failed ``TaskResult`` (``unknown_task``,
+        constraint and its sampling; or the failed answer (``unknown_task``,
         ``bad_request``, ``too_long``)."""
         task = self.tasks.get(name)
         if task is None:
-            return _fail(name, "unknown_task", f"no task named {name!r}")
+            return _fail(name, data, "unknown_task", f"no task named {name!r}")
         try:
             task.check_input(data)
             _check_vectors(task, data)
@@ -178,14 +189,14 @@ class TaskRunner:
             row_params = replace(params, stop=(), max_tokens=min(
                 max_tokens or task.max_tokens, task.max_tokens))
         except (TaskError, TokenizerError, GenerationError) as e:
-            return _fail(name, "bad_request", e.message)
+            return _fail(name, data, "bad_request", e.message)
         t0 = time.perf_counter()
         constraint, prefix_ids, prefix = self._shaped(task, data)
         grammar_ms = (time.perf_counter() - t0) * 1000
         ids += prefix_ids
         max_seq = self.engine.manifest.dims.max_seq
         if len(ids) >= max_seq:
-            return _fail(name, "too_long", f"prompt of {len(ids)} tokens does not fit the "
+            return _fail(name, data, "too_long", f"prompt of {len(ids)} tokens does not fit the "
                          f"engine's context of {max_seq}")
         return Prepared(task, data, ids, constraint, row_params, prefix, grammar_ms)
 
@@ -212,7 +223,7 @@ class TaskRunner:
                                f"the tokenizer ({prefix[:40]!r})")
         return constraint, prefix_ids, prefix
 
-    def retry(self, prepared: Prepared, policy: RetryPolicy, failed: TaskResult) -> Prepared:
+    def retry(self, prepared: Prepared, policy: RetryPolicy, failed: Answer) -> Prepared:
         """The next attempt at a request whose answer (``failed``) failed validation: the
         same shape; resampled (the task's prompt, at ``policy.temperature`` at least,
         another seed) or, in feedback mode, prompted with the findings of ``failed`` (see
@@ -233,7 +244,7 @@ class TaskRunner:
                        feedback=feedback,
                        params=replace(params, seed=seed, temperature=temperature))
 
-    def feedback_ids(self, task: Task, data: Any, failed: TaskResult,
+    def feedback_ids(self, task: Task, data: Any, failed: Answer,
                      form: str = "append") -> list[int] | None:
         """The prompt of a feedback retry (``RetryPolicy.form``) as token ids; None when
         ``failed`` has no answer to show."""
@@ -251,7 +262,7 @@ class TaskRunner:
                                                      "Answer again without these errors."}]
         return self.tokenizer.encode_chat(messages, render=self.render)
 
-    def _room_for(self, prompt_len: int, params: SamplingParams, failed: TaskResult) -> bool:
+    def _room_for(self, prompt_len: int, params: SamplingParams, failed: Answer) -> bool:
         """Whether a prompt of ``prompt_len`` tokens leaves a retry room for its answer:
         ``FEEDBACK_ROOM`` times the failed answer's length, or ``params.max_tokens``
         when less."""
@@ -299,7 +310,7 @@ class TaskRunner:
             self._closer_table = Closers(self.tokenizer.token_texts())
         return self._closer_table
 
-    def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:
+    def finish(self, prepared: Prepared, gen: Generation) -> Answer:
         """Parse and validate a finished generation (a validator bug answers
         ``internal``, never loses the request)."""
         try:
@@ -307,7 +318,7 @@ class TaskRunner:
                                prepared.prefix)
         except Exception as e:   # a validator bug: logged here, the client told in brief
             log.exception("checking a %s answer failed inside rung", prepared.task.name)
-            res = _fail(prepared.task.name, "internal",
+            res = _fail(prepared.task.name, prepared.data, "internal",
                         brief("checking the answer failed", type(e).__name__), gen)
         res.attempts = prepared.attempt
         res.failed_checks = prepared.failed_checks
@@ -318,52 +329,26 @@ class TaskRunner:
     def run(self, requests: Sequence[tuple[str, Any]],
             params: SamplingParams | Sequence[SamplingParams],
             max_tokens: int | None | Sequence[int | None] = None,
-            retry: RetryPolicy | None = None) -> list[TaskResult]:
-        """Answer ``(task name, input)`` requests as one batch (sampling: one for all or one
-        per request); each answer gets at most ``max_tokens`` (one for all or one per
+            retry: RetryPolicy | None = None, rows: int | None = None) -> list[Answer]:
+        """Answer ``(task name, input)`` requests, in their order (sampling: one for all or
+        one per request); each answer gets at most ``max_tokens`` (one for all or one per
         request; default and upper bound: the task's own); ``retry``: verified retries of
-        answers that fail validation, as the daemon does them."""
+        answers that fail validation. Run as ``rung serve`` runs them: the daemon's driver
+        (``drive.Drive``) on a continuous batch of ``rows`` rows (default: one per request),
+        all that fit joining at once and the rest as rows free up; a request's failure is
+        that request's answer."""
         all_params = ([params] * len(requests) if isinstance(params, SamplingParams)
                       else list(params))
         caps = (list(max_tokens) if isinstance(max_tokens, Sequence)
                 else [max_tokens] * len(requests))
-        results: list[TaskResult | None] = []
-        todo: list[Prepared] = []
-        slots: list[int] = []
-        for (name, data), req_params, cap in zip(requests, all_params, caps, strict=True):
-            p = self.prepare(name, data, req_params, cap)
-            if isinstance(p, TaskResult):
-                results.append(p)
-                continue
-            results.append(None)
-            todo.append(p)
-            slots.append(len(results) - 1)
-        if todo:
-            try:
-                gens = generate(self.engine, self.tokenizer, [p.ids for p in todo],
-                                [p.params for p in todo],
-                                constraints=[p.constraint for p in todo], prefix=self.prefix,
-                                fast=self.fast)
-            except RungError as e:  # one failed step answers every row of the batch
-                for slot in slots:
-                    results[slot] = _fail(requests[slot][0], "internal", str(e))
-                return [r for r in results if r is not None]
-            for slot, p, gen in zip(slots, todo, gens, strict=True):
-                results[slot] = self.finish(p, gen)
-            while retry is not None:
-                again = [(slot, self.retry(p, retry, res)) for slot, p in zip(slots, todo,
-                                                                               strict=True)
-                         if (res := results[slot]) is not None and retry.allows(p, res)]
-                if not again:
-                    break
-                slots, todo = [s for s, _ in again], [p for _, p in again]
-                gens = generate(self.engine, self.tokenizer, [p.ids for p in todo],
-                                [p.params for p in todo],
-                                constraints=[p.constraint for p in todo], prefix=self.prefix,
-                                fast=self.fast)
-                for slot, p, gen in zip(slots, todo, gens, strict=True):
-                    results[slot] = self.finish(p, gen)
-        return [r for r in results if r is not None]
+        if not requests:
+            return []
+        now = time.time()
+        asked = [(Request(task=name, input=data, received=now, deadline=math.inf,
+                          ref=f"request {i}", max_tokens=cap), p)
+                 for i, ((name, data), p, cap) in enumerate(zip(requests, all_params, caps,
+                                                                 strict=True))]
+        return drive_all(Drive(self, rows or len(requests), retry), asked)
 
     def prompt_ids(self, task: Task, data: Any) -> list[int]:
         """The token ids of a request's prompt (system prompt + rendered user prompt)."""
@@ -400,21 +385,22 @@ class TaskRunner:
         return pinned
 
     def _finish(self, task: Task, data: Any, gen: Generation, constraint: Constraint,
-                prefix: str = "") -> TaskResult:
+                prefix: str = "") -> Answer:
         if gen.finish_reason == "error":   # this row's step failed; its neighbours went on
             kind = (gen.error or "").partition(":")[0] or "error"
-            return _fail(task.name, "internal", brief("generation failed", kind), gen)
+            return _fail(task.name, data, "internal", brief("generation failed", kind), gen)
         if gen.finish_reason == "length" and not constraint.accepting:
-            return _fail(task.name, "truncated", f"max_tokens reached after "
+            return _fail(task.name, data, "truncated", f"max_tokens reached after "
                          f"{len(gen.token_ids)} tokens before the JSON closed", gen)
         gen.text = prefix + gen.text   # the whole answer (its computed start included)
         try:
             output = json.loads(gen.text)
         except json.JSONDecodeError as e:
-            return _fail(task.name, "invalid_output", f"output is not JSON ({e})", gen)
+            return _fail(task.name, data, "invalid_output", f"output is not JSON ({e})", gen)
         ok, validation = validate_output(task.output_schema, task.validators, output, data)
-        error = None if ok else {"code": "invalid_output", "message": _first_error(validation)}
-        return TaskResult(task.name, ok, output, validation, error, gen)
+        return Answer(_request(task.name, data), ok, None if ok else "invalid_output",
+                      "" if ok else _first_error(validation), output, validation,
+                      generation=gen)
 
 
 def fast_decoding(decode: str, engine: AnyEngine, key: str = "engine.decode") -> bool:
@@ -436,7 +422,7 @@ def fast_decoding(decode: str, engine: AnyEngine, key: str = "engine.decode") ->
     return decode == "fast" or (decode == "auto" and why is None)
 
 
-def _failed_check(res: TaskResult) -> str:
+def _failed_check(res: Answer) -> str:
     """The first failed validation section (or the error code)."""
     for name, section in (res.validation or {}).items():
         if isinstance(section, dict) and not section.get("ok", True) \
@@ -449,7 +435,7 @@ def _failed_check(res: TaskResult) -> str:
 MAX_FINDINGS = 5
 
 
-def feedback_findings(res: TaskResult) -> str:
+def feedback_findings(res: Answer) -> str:
     """The findings of a failed answer as one line for a feedback prompt: each failed
     check's errors (``section: line L, column C: message``), distinct, at most
     ``MAX_FINDINGS``; the error message where there are no sections."""

@@ -1,8 +1,10 @@
-"""The event loop does I/O only: while the engine thread does the heaviest CPU work rung
-has (a batch decoding, a long prompt prefix restored from the disk tier, a maximum-size
-fault tree validated with its BDD), the loop never stalls for long and the systemd
-watchdog keeps being fed. Real engine, real task runner, real scheduler, a real datagram
-socket in place of systemd."""
+"""The event loop does I/O only: the heaviest CPU work rung has (a batch decoding, a long
+prompt prefix restored from the disk tier, a maximum-size fault tree validated with its
+BDD) runs in the engine thread, never on the loop's, and the systemd watchdog keeps being
+fed meanwhile. Real engine, real task runner, real scheduler, a real datagram socket in
+place of systemd. What is checked is where the work runs, not how long the loop waited:
+a stall measured in milliseconds says more about a busy machine than about rung
+(bench/loop_latency.py measures it)."""
 
 from __future__ import annotations
 
@@ -30,8 +32,6 @@ from rung.engines.sampler import SamplingParams
 from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
 
-MAX_STALL_S = 0.050
-
 
 def max_size_fault_tree() -> dict[str, Any]:
     """A fault tree at the output schema's limits: 40 basic events, 30 gates of up to 10
@@ -55,11 +55,18 @@ def max_size_fault_tree() -> dict[str, Any]:
 
 
 class HeavyRunner(TaskRunner):
-    """The real runner; a request whose input says ``"max_tree": true`` is validated as if
-    the model had written the maximum-size fault tree (the validator's worst case)."""
-    # input: {"system": "MAX", ...}
+    """The real runner; a request whose input has ``"system": "MAX"`` is validated as if
+    the model had written the maximum-size fault tree (the validator's worst case). It
+    notes the thread each preparation and validation runs on."""
+
+    threads: set[int]
+
+    def prepare(self, *args: Any, **kw: Any) -> Any:
+        self.threads.add(threading.get_ident())
+        return super().prepare(*args, **kw)
 
     def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:
+        self.threads.add(threading.get_ident())
         if isinstance(prepared.data, dict) and prepared.data.get("system") == "MAX":
             gen.text = json.dumps(max_size_fault_tree())
             gen.finish_reason = "stop"
@@ -79,8 +86,10 @@ def runner(edge_engine: Path, tmp_path: Path) -> HeavyRunner:
     tok = Tokenizer.load(edge_engine, m.tokenizer)
     # no RAM tier: every prefix block comes back from the disk tier
     store = ColdStore(m.engine_id, 0, state_dir=tmp_path / "state", disk_budget_bytes=2**30)
-    return HeavyRunner(engine, tok, load_tasks(), edge_engine,
-                       prefix=PrefixCache(store, m.engine_id))
+    runner = HeavyRunner(engine, tok, load_tasks(), edge_engine,
+                         prefix=PrefixCache(store, m.engine_id))
+    runner.threads = set()
+    return runner
 
 
 def test_the_loop_stays_responsive_while_the_engine_thread_works(
@@ -100,7 +109,21 @@ def test_the_loop_stays_responsive_while_the_engine_thread_works(
     receiver.setblocking(False)
     pings: list[float] = []
 
-    async def body() -> tuple[float, list[Answer], dict[str, Any]]:
+    engine_threads: set[int] = set()
+    forward = runner.engine.forward
+
+    def noted_forward(*args: Any, **kw: Any) -> Any:
+        engine_threads.add(threading.get_ident())
+        return forward(*args, **kw)
+
+    runner.engine.forward = noted_forward  # type: ignore[method-assign]
+    restore = PrefixCache.restore
+
+    def noted_restore(self: PrefixCache, *args: Any, **kw: Any) -> Any:
+        engine_threads.add(threading.get_ident())
+        return restore(self, *args, **kw)
+
+    async def body() -> tuple[int, list[Answer], dict[str, Any]]:
         answers: list[Answer] = []
         sched = Scheduler(runner, answers.append, max_pending=16, max_batch=4)
         loop = asyncio.get_running_loop()
@@ -113,7 +136,6 @@ def test_the_loop_stays_responsive_while_the_engine_thread_works(
         while len(answers) < 1:
             await asyncio.sleep(0.01)
         stats0 = dict(runner.prefix.store.stats()) if runner.prefix else {}
-        worst = 0.0
         pings.clear()
         for i in range(4):
             sched.submit(_request(10 + i, "st_code", {"description": f"Pump {i} runs while "
@@ -121,31 +143,34 @@ def test_the_loop_stays_responsive_while_the_engine_thread_works(
         sched.submit(_request(20, "diagnosis", long_input, max_tokens=4))   # from disk
         sched.submit(_request(21, "fault_tree", {"system": "MAX", "top_event": "stop"},
                               max_tokens=2))
-        expected = time.monotonic()
         while len(answers) < 7:
             await asyncio.sleep(0.005)
-            now = time.monotonic()
-            worst = max(worst, now - expected - 0.005)
-            expected = now
         stats1 = dict(runner.prefix.store.stats()) if runner.prefix else {}
         await sched.stop(5.0)
         dog.cancel()
         task.cancel()
         loop.remove_reader(receiver.fileno())
-        return worst, answers, {k: stats1.get(k, 0) - stats0.get(k, 0) for k in stats1}
+        return threading.get_ident(), answers, {k: stats1.get(k, 0) - stats0.get(k, 0)
+                                                for k in stats1}
 
-    try:
-        worst, answers, delta = asyncio.run(body())
-    finally:
-        receiver.close()
+    runner.threads.clear()   # the preparation above ran here, on the test's own thread
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PrefixCache, "restore", noted_restore)
+        try:
+            loop_thread, answers, delta = asyncio.run(body())
+        finally:
+            receiver.close()
     by_seq = {int(a.request.ref): a for a in answers}
     assert by_seq[20].usage["cached_tokens"] >= 768, by_seq[20].usage   # restored from disk
     assert delta.get("hits_disk", 0) >= 12, delta
     tree = by_seq[21]
     assert tree.validation is not None and tree.validation["fault_tree"]["ok"], tree
-    assert worst <= MAX_STALL_S, f"the event loop stalled {worst * 1000:.1f} ms"
-    gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
-    assert len(pings) >= 5 and max(gaps) <= 0.02 + MAX_STALL_S, gaps
+    # every preparation, validation, engine step and disk-tier restore ran, and none on
+    # the loop's thread
+    assert runner.threads and engine_threads
+    assert loop_thread not in runner.threads | engine_threads
+    # the watchdog was fed while the engine thread worked
+    assert len(pings) >= 5, pings
 
 
 @pytest.mark.integration

@@ -42,11 +42,11 @@ class FakeRunner:
         return Prepared(task, data, [1, 2, 3], None, params)  # type: ignore[arg-type]
 
     def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:
-        name, data = prepared.task.name, prepared.data
-        if data.get("invalid"):
-            return TaskResult(name, False, None, None,
-                              {"code": "invalid_output", "message": "schema"}, None)
-        return TaskResult(name, True, {"echo": data}, {"ok": True}, None, gen)
+        req = Request(prepared.task.name, prepared.data, 0.0, 0.0)
+        if prepared.data.get("invalid"):
+            return TaskResult(req, False, "invalid_output", "schema")
+        return TaskResult(req, True, output={"echo": prepared.data},
+                          validation={"ok": True}, generation=gen)
 
     def decoder(self, rows: int) -> FakeDecoder:
         return FakeDecoder(self, rows)
@@ -170,6 +170,8 @@ def test_batches_up_to_max_batch_with_per_request_params() -> None:
             (0.1 * i, i, 100 + i) for i in range(7)]
         a = answers[0]
         assert a.ok and a.code is None and a.validation == {"ok": True}
+        # receipt to the first token: the wait for a row, then the engine's own ttft_ms
+        assert a.usage.pop("first_token_ms") >= 8.0
         assert a.usage == {"prompt_tokens": 12, "completion_tokens": 3, "cached_tokens": 4,
                            "ttft_ms": 8.0, "decode_tok_s": 40.1, "ffn_skip_ratio": None, "steps": 0}
         await s.stop(1.0)
@@ -328,6 +330,34 @@ def test_one_requests_failure_before_generation_answers_it_alone() -> None:
         s.submit(_req(5))
         await _until(lambda: len(answers) == 5)
         assert answers[-1].ok
+        await s.stop(1.0)
+    _run(body)
+
+
+class FinishingRunner(FakeRunner):
+    """``{"explode": "finish"}`` raises while its answer is checked (a bug the runner's
+    own guard does not catch)."""
+
+    def finish(self, prepared: Prepared, gen: Generation) -> TaskResult:
+        if prepared.data.get("explode") == "finish":
+            raise KeyError("section")
+        return super().finish(prepared, gen)
+
+
+def test_one_requests_failure_after_generation_answers_it_alone() -> None:
+    async def body() -> None:
+        answers: list[Answer] = []
+        s = _sched(FinishingRunner(), answers, max_pending=10, max_batch=3)
+        for i, data in enumerate([None, {"explode": "finish"}, None]):
+            s.submit(_req(i, data))
+        task = s.start()
+        await _until(lambda: len(answers) == 3)
+        by_seq = {_seq(a.request): a for a in answers}
+        assert (by_seq[1].ok, by_seq[1].code) == (False, "internal")
+        assert by_seq[1].message == brief("the request failed", "KeyError")
+        assert by_seq[1].usage["completion_tokens"] == 3    # it reached the model
+        assert by_seq[0].ok and by_seq[2].ok
+        assert not task.done() and s.liveness() is None
         await s.stop(1.0)
     _run(body)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rung.daemon.request import Request
 from rung.daemon.tasks.runner import (
     FEEDBACK_FORMS,
     FEEDBACK_ROOM,
@@ -50,6 +51,10 @@ def runner(edge_engine: Path) -> TaskRunner:
                       load_tasks(), edge_engine)
 
 
+def _req(task: str) -> Request:
+    return Request(task, INPUT, 0.0, 0.0)
+
+
 def _prepared(runner: TaskRunner, max_tokens: int | None = None) -> Prepared:
     p = runner.prepare("diagnosis", INPUT, SamplingParams(), max_tokens)
     assert isinstance(p, Prepared)
@@ -60,9 +65,8 @@ def _prepared(runner: TaskRunner, max_tokens: int | None = None) -> Prepared:
 def _failed(written: int = 40, text: str = json.dumps(ANSWER)) -> TaskResult:
     gen = Generation(prompt_tokens=100, token_ids=[7] * written, text=text,
                      finish_reason="stop", ttft_ms=1.0, decode_tok_s=1.0)
-    return TaskResult("diagnosis", False, ANSWER, VALIDATION,
-                      {"code": "invalid_output", "message": FINDING}, gen,
-                      failed_checks=("diagnosis",))
+    return TaskResult(_req("diagnosis"), False, "invalid_output", FINDING, ANSWER, VALIDATION,
+                      generation=gen, failed_checks=("diagnosis",))
 
 
 def _prefix_ids(runner: TaskRunner, p: Prepared) -> list[int]:
@@ -149,16 +153,16 @@ def test_a_feedback_retry_after_a_feedback_retry_starts_from_the_task_prompt(
 def test_findings_are_the_failed_checks_errors() -> None:
     errors: list[dict[str, Any]] = [{"line": i, "column": 2, "message": f"undeclared 'v{i}'"}
                                     for i in range(MAX_FINDINGS + 2)]
-    res = TaskResult("st_code", False, {}, {
-        "st_syntax": {"ok": True, "errors": []},
-        "identifiers": {"ok": False, "errors": [errors[0], *errors]},   # one twice
-        "relevance": {"ok": False, "advisory": True, "errors": [{"message": "advisory"}]}},
-        {"code": "invalid_output", "message": "identifiers: undeclared 'v0'"}, None)
+    res = TaskResult(_req("st_code"), False, "invalid_output", "identifiers: undeclared 'v0'",
+                     {}, {"st_syntax": {"ok": True, "errors": []},
+                          "identifiers": {"ok": False,
+                                          "errors": [errors[0], *errors]},   # one twice
+                          "relevance": {"ok": False, "advisory": True,
+                                        "errors": [{"message": "advisory"}]}})
     found = feedback_findings(res).split("; ")
     assert found[0] == "identifiers: line 0, column 2: undeclared 'v0'"
     assert len(found) == MAX_FINDINGS == len(set(found))
-    not_json = TaskResult("st_code", False, None, None,
-                          {"code": "invalid_output", "message": "output is not JSON"}, None)
+    not_json = TaskResult(_req("st_code"), False, "invalid_output", "output is not JSON")
     assert feedback_findings(not_json) == "output is not JSON"
 
 
@@ -173,14 +177,12 @@ def test_an_answer_that_ran_out_of_the_tasks_tokens_is_tried_again(runner: TaskR
     refused for another reason (bad_request, internal) never is."""
     policy = RetryPolicy(attempts=2)
     full = _prepared(runner)
-    truncated = TaskResult("diagnosis", False, None, None,
-                           {"code": "truncated", "message": "max_tokens reached"}, None)
+    truncated = TaskResult(_req("diagnosis"), False, "truncated", "max_tokens reached")
     assert policy.allows(full, truncated)
     assert not policy.allows(_prepared(runner, max_tokens=64), truncated)
     assert not policy.allows(runner.retry(full, policy, truncated), truncated)  # tries spent
     for code in ("internal", "bad_request"):
-        other = TaskResult("diagnosis", False, None, None, {"code": code, "message": "x"},
-                           None)
+        other = TaskResult(_req("diagnosis"), False, code, "x")
         assert not policy.allows(full, other)
 
 

@@ -168,7 +168,7 @@ def test_auto_decoding_is_fast_only_where_it_is_exact(decode: str, weights: str,
     ("int8", False, GENERIC, "its int8 weights on the generic graph")])
 def test_fast_is_refused_where_it_would_answer_otherwise(weights: str, gated: bool,
                                                          layout: str, why: str) -> None:
-    """CONTRACTS: under greedy decoding plain and fast give the same text; an engine where
+    """docs/contract.md: under greedy decoding plain and fast give the same text; an engine where
     they would not refuses fast, naming the option it came from and why."""
     from rung.daemon.tasks.runner import fast_decoding
     from rung.engines.errors import GenerationError
