@@ -14,7 +14,6 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from rung.daemon.config import Config, ConfigError
@@ -22,16 +21,17 @@ from rung.daemon.metrics import Metrics
 from rung.daemon.modbus.agent import PlcAgent
 from rung.daemon.modbus.link import Link
 from rung.daemon.modbus.regmap import PlcMap
-from rung.daemon.mqtt.fleet import Fleet
+from rung.daemon.mqtt.fleet_node import FleetNode
 from rung.daemon.mqtt.intake import MqttIntake
 from rung.daemon.mqtt.journal import Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.outbox import Outbox
 from rung.daemon.plc.handshake import HandshakeAgent
 from rung.daemon.plc.maps import load_plc_map
+from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
-from rung.daemon.supervise import Supervisor, spawn
+from rung.daemon.supervise import Supervisor
 from rung.daemon.tasks.runner import RetryPolicy, TaskRunner, fast_decoding
 from rung.daemon.wallclock import iso
 
@@ -69,16 +69,65 @@ def build_runner(cfg: Config) -> TaskRunner:
                       fast=fast_decoding(cfg.engine.decode, engine))
 
 
+def load_plcs(cfg: Config) -> list[PlcMap | NodeMap]:
+    """The register and node maps of ``plcs``; every PLC's id its own."""
+    plcs = [load_plc_map(path) for path in cfg.plcs]
+    ids = [p.id for p in plcs]
+    dup = next((i for i in ids if ids.count(i) > 1), None)
+    if dup is not None:
+        raise ConfigError(f"plcs: two register maps use the id {dup!r}",
+                          "give every PLC its own id (it names its MQTT topics)")
+    return plcs
+
+
+def plc_agent(cfg: Config, plc: PlcMap | NodeMap, scheduler: Scheduler, outbox: Outbox,
+              metrics: Metrics, plant: SparkplugLink | None) -> HandshakeAgent:
+    """The handshake agent of one PLC, over Modbus or OPC UA: its requests through the
+    scheduler, its events and link states out through the outbox (and to Sparkplug)."""
+    m = cfg.modbus
+    if not isinstance(plc, PlcMap):   # an OPC UA node map (asyncua imported only then)
+        from rung.daemon.opcua.agent import OpcUaAgent
+        from rung.daemon.opcua.link import NodeLink
+
+        return OpcUaAgent(plc, NodeLink(plc), scheduler.submit, outbox.publish_json,
+                          cfg.mqtt.base_topic, m.job_timeout_s, m.reconnect_min_s,
+                          m.reconnect_max_s, metrics=metrics, state_dir=cfg.state_dir / "plc",
+                          plant=plant)
+    return PlcAgent(plc, Link(plc), scheduler.submit, outbox.publish_json,
+                    cfg.mqtt.base_topic, m.job_timeout_s, m.reconnect_min_s,
+                    m.reconnect_max_s, metrics=metrics, state_dir=cfg.state_dir / "plc",
+                    plant=plant)
+
+
+def sparkplug_link(cfg: Config, runner: TaskRunner,
+                   plcs: list[PlcMap | NodeMap]) -> SparkplugLink:
+    """The Sparkplug B edge node: each PLC a device (its own MQTT client)."""
+    from rung.daemon.plant.sparkplug import EdgeNode
+    from rung.daemon.plant.sparkplug_link import SparkplugLink
+    from rung.daemon.plant.sparkplug_metrics import Device
+
+    s, m = cfg.sparkplug, runner.engine.manifest
+    node = EdgeNode(s.group_id or "", s.edge_node_id or cfg.mqtt.client_id,
+                    [Device.from_map(plc) for plc in plcs],
+                    node_info={"Version": VERSION, "Engine": m.engine_id},
+                    primary_host_id=s.primary_host_id,
+                    bd_seq_path=cfg.state_dir / "sparkplug-bdseq")
+    return SparkplugLink(node, cfg.mqtt, s.client_id or f"{cfg.mqtt.client_id}-spb")
+
+
 class Service:
-    """The running daemon: builds the parts (journal, scheduler, MQTT link and intake,
-    outbox, PLC agents, fleet, Sparkplug), starts and stops them in order, and tells systemd
-    how they are. Requests and answers flow between the parts, not through here."""
+    """The running daemon: builds the parts (journal, scheduler, MQTT link, outbox and
+    intake, PLC agents, Sparkplug, a fleet node's part), starts and stops them in order, and
+    tells systemd how they are. Requests and answers flow between the parts, not through
+    here; a fleet's coordination is ``mqtt.fleet_node.FleetNode``'s."""
 
     def __init__(self, cfg: Config, runner: TaskRunner, metrics: Metrics | None = None,
                  notifier: Notifier | None = None) -> None:
         self.cfg, self.runner = cfg, runner
         self.metrics = metrics or Metrics()
         self.notifier = notifier or Notifier()
+        self.started = time.time()
+        self._stopping = asyncio.Event()
         self.supervisor = Supervisor(self._part_dead, metrics=self.metrics)
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(cfg.state_dir / "journal.db", cfg.journal.retention_s)
@@ -89,31 +138,36 @@ class Service:
         if unknown:
             raise ConfigError(f"retries.per_task.{unknown[0]}: no task named {unknown[0]!r}",
                               f"tasks: {', '.join(sorted(runner.tasks))}")
-        # the intake (built below, it needs both) counts the scheduler's starts and takes
-        # the link's request messages
+        # the parts in the order they depend on each other: each is handed parts built
+        # before it, never one built later
         self.scheduler = Scheduler(runner, self._observe, cfg.queue.max_pending,
                                    cfg.engine.max_batch,
                                    stuck_after_s=max(120.0, 2 * cfg.queue.request_timeout_s),
-                                   on_start=lambda req: self.intake.started(req),
                                    retry=RetryPolicy(r.attempts, r.budget_s, r.temperature,
                                                      dict(r.per_task), mode=r.mode))
-        self.link = MQTTLink(cfg.mqtt, lambda msg: self.intake.on_message(msg), self._status,
-                             self._on_connect, self.metrics)
+        self.link = MQTTLink(cfg.mqtt, None, self._birth, metrics=self.metrics)
         self.outbox = Outbox(self.journal, self.link, self.metrics)
+        self.link.on_connected(self.outbox.connected)   # answers left over, held events
         self.intake = MqttIntake(cfg, runner.tasks, self.journal, self.scheduler, self.outbox,
                                  self.metrics)
-        plcs = self._plcs()
-        self.sparkplug = self._sparkplug(plcs) if cfg.sparkplug.enabled else None
-        self.agents = [self._agent(plc) for plc in plcs]
-        self._agent_tasks: dict[str, asyncio.Task[Any]] = {}   # PLCs a fleet node won
-        self._spawned: set[asyncio.Task[Any]] = set()
-        self.fleet = self._fleet() if cfg.mqtt.shared_group else None
+        self.link.on_message = self.intake.on_message   # the link's request messages
+        plcs = load_plcs(cfg)
+        self.sparkplug = (sparkplug_link(cfg, runner, plcs) if cfg.sparkplug.enabled
+                          else None)
+        self.agents = [plc_agent(cfg, plc, self.scheduler, self.outbox, self.metrics,
+                                 self.sparkplug) for plc in plcs]
+        self.fleet_node = (FleetNode(cfg, self.link, self._birth, self.scheduler, self.intake,
+                                     self.journal, self.agents, self.supervisor)
+                           if cfg.mqtt.shared_group else None)
+        self.fleet = None if self.fleet_node is None else self.fleet_node.fleet
+        for agent in self.agents:   # PLC link states said again on every connection
+            self.link.on_connected(agent.link_state.republish)
         self.opcua_server = self._opcua_server() if cfg.opcua_server.enabled else None
+        # the intake and the OPC UA server (both built now) count the scheduler's starts
+        self.scheduler.on_start = self._on_start
         for part in (self.fleet, self.sparkplug):
             if part is not None:
                 part.oversize.observe = self.metrics.payload_refused
-        self.started = time.time()
-        self._stopping = asyncio.Event()
         self._link_task: asyncio.Task[Any] | None = None
         self._sparkplug_task: asyncio.Task[Any] | None = None
         self.exit_code = 0
@@ -122,48 +176,6 @@ class Service:
         self.metrics.set_info(version=VERSION, engine=m.engine_id, kv_dtype=m.kv.dtype,
                               weights_packed="-" if packing is None
                               else str(packing.packed).lower())
-
-    # -- PLCs ----------------------------------------------------------------------------
-
-    def _plcs(self) -> list[PlcMap | NodeMap]:
-        plcs = [load_plc_map(path) for path in self.cfg.plcs]
-        ids = [p.id for p in plcs]
-        dup = next((i for i in ids if ids.count(i) > 1), None)
-        if dup is not None:
-            raise ConfigError(f"plcs: two register maps use the id {dup!r}",
-                              "give every PLC its own id (it names its MQTT topics)")
-        return plcs
-
-    def _agent(self, plc: PlcMap | NodeMap) -> HandshakeAgent:
-        m = self.cfg.modbus
-        if not isinstance(plc, PlcMap):   # an OPC UA node map (asyncua imported only then)
-            from rung.daemon.opcua.agent import OpcUaAgent
-            from rung.daemon.opcua.link import NodeLink
-
-            return OpcUaAgent(plc, NodeLink(plc), self.scheduler.submit,
-                              self.outbox.publish_json, self.cfg.mqtt.base_topic,
-                              m.job_timeout_s, m.reconnect_min_s, m.reconnect_max_s,
-                              metrics=self.metrics, state_dir=self.cfg.state_dir / "plc",
-                              plant=self.sparkplug)
-        return PlcAgent(plc, Link(plc), self.scheduler.submit, self.outbox.publish_json,
-                        self.cfg.mqtt.base_topic, m.job_timeout_s, m.reconnect_min_s,
-                        m.reconnect_max_s, metrics=self.metrics,
-                        state_dir=self.cfg.state_dir / "plc", plant=self.sparkplug)
-
-    def _sparkplug(self, plcs: list[PlcMap | NodeMap]) -> SparkplugLink:
-        """The Sparkplug B edge node: each PLC a device (its own MQTT client)."""
-        from rung.daemon.plant.sparkplug import EdgeNode
-        from rung.daemon.plant.sparkplug_link import SparkplugLink
-        from rung.daemon.plant.sparkplug_metrics import Device
-
-        s, m = self.cfg.sparkplug, self.runner.engine.manifest
-        node = EdgeNode(s.group_id or "", s.edge_node_id or self.cfg.mqtt.client_id,
-                        [Device.from_map(plc) for plc in plcs],
-                        node_info={"Version": VERSION, "Engine": m.engine_id},
-                        primary_host_id=s.primary_host_id,
-                        bd_seq_path=self.cfg.state_dir / "sparkplug-bdseq")
-        return SparkplugLink(node, self.cfg.mqtt,
-                             s.client_id or f"{self.cfg.mqtt.client_id}-spb")
 
     def _opcua_server(self) -> RungServer:
         """rung as an OPC UA server: its methods answered through the scheduler."""
@@ -178,19 +190,16 @@ class Service:
         c = self.cfg
         return RungServer(c.opcua_server, self.runner.tasks, self.scheduler.submit, status,
                           c.mqtt.base_topic, c.mqtt.client_id, c.mqtt.max_payload_bytes,
-                          c.queue.request_timeout_s)
+                          c.queue.request_timeout_s, self.journal, c.journal.max_attempts)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        spawn(coro, getattr(coro, "__qualname__", "task"), self._spawned)
-
-    def _on_connect(self) -> None:
-        """After every (re)connection: answers left over, held PLC events, link states."""
-        self.outbox.wake()
-        if self.fleet is not None:
-            self.fleet.connected()   # PLC claims settled once the birth comes back
-        self._spawn(self.outbox.flush_held())
-        for agent in self.agents:
-            agent.link_state.republish()
+    def _on_start(self, req: Request) -> asyncio.Future[None] | None:
+        """The scheduler's ``on_start``: the start of a journaled request counted (an MQTT
+        request's by the intake, an OPC UA call's by the OPC UA server)."""
+        if self.opcua_server is not None:
+            started = self.opcua_server.call_started(req)
+            if started is not None:
+                return started
+        return self.intake.started(req)
 
     def _observe(self, a: Answer) -> None:
         """Every answer the scheduler gives (MQTT and PLC requests alike), in the metrics."""
@@ -210,56 +219,10 @@ class Service:
         if self.runner.prefix is not None:
             self.metrics.set_kv(self.runner.prefix.store.stats())
 
-    # -- fleet (mqtt.shared_group: docs/mqtt.md, "Fleet") --------------------------------
-
-    def _fleet(self) -> Fleet:
-        return Fleet(self.cfg.mqtt, self.link, self._birth, self._queue_state,
-                     [a.plc.id for a in self.agents], self._claims)
-
-    def _status(self) -> dict[str, Any]:
-        """The retained status of every connection: the birth, or a fleet node's status."""
-        return self.fleet.doc() if self.fleet is not None else self._birth()
-
-    def _queue_state(self) -> dict[str, int]:
-        return {"depth": self.scheduler.depth, "inflight": self.scheduler.inflight,
-                "max_pending": self.cfg.queue.max_pending,
-                "max_batch": self.cfg.engine.max_batch}
-
-    def _claims(self, drive: set[str], refused: dict[str, str]) -> None:
-        """Drive the PLCs this node claimed; stop driving one another node took meanwhile
-        (refused PLCs never start). A refused PLC's link state is the other node's to say."""
-        for agent in self.agents:
-            plc = agent.plc.id
-            if plc in drive and plc not in self._agent_tasks:
-                self._agent_tasks[plc] = self.supervisor.start(f"plc-{plc}", agent.run)
-            elif plc in refused:
-                agent.link_state.silence()
-                if plc in self._agent_tasks:
-                    self._spawn(agent.stop())
-
-    def _stop_scheduler_first(self, grace_s: float) -> asyncio.Task[int] | None:
-        """A fleet node starts nothing new once it stops (the batch in progress finishes):
-        what it holds goes to the nodes staying, or waits for its restart."""
-        if self.fleet is None:
-            return None
-        return asyncio.get_running_loop().create_task(self.scheduler.stop(grace_s))
-
-    async def _leave_fleet(self) -> bool:
-        """Stop taking requests when other nodes stay (True: then hand over). From here on
-        what still arrives stays pending: handed over, or run after the restart."""
-        if self.fleet is None:
-            return False
-        self.intake.holding = True
-        return await self.fleet.leave()
-
-    async def _hand_over(self) -> int:
-        assert self.fleet is not None
-        return await self.fleet.hand_over(self.journal, self.cfg.queue.request_timeout_s,
-                                          self.intake.expire)
-
     # -- lifecycle -----------------------------------------------------------------------
 
     def _birth(self) -> dict[str, Any]:
+        """The retained status of every connection (a fleet node's status carries it)."""
         m = self.runner.engine.manifest
         return {"online": True, "client_id": self.cfg.mqtt.client_id, "version": VERSION,
                 "engine": m.engine_id, "model": m.dims.hf_architecture,
@@ -286,6 +249,11 @@ class Service:
         log.info("task prompts pinned in the KV cache", extra={"rung_fields": pinned})
         self.journal.prune()
         self.intake.recover()
+        if self.opcua_server is not None:   # its calls recorded before the restart
+            self.opcua_server.recover()
+        elif self.journal.pending(opcua=True):
+            log.warning("the journal holds OPC UA calls not answered: they run once "
+                        "opcua_server is enabled again")
         self._start()
         self.notifier.status("connecting to the broker")
         while not self.link.connected and not self._stopping.is_set():
@@ -306,17 +274,17 @@ class Service:
 
     def _start(self) -> None:
         """Start the parts, each under the supervisor: the MQTT link, the engine loop, the
-        outbox, the PLC agents (a fleet node: those it claims, ``_claims``), Sparkplug, the
-        metrics endpoint."""
+        outbox, the PLC agents (a fleet node: its fleet part, which starts those it claims),
+        Sparkplug, the metrics endpoint."""
         sup = self.supervisor
         self._link_task = sup.start("mqtt", self.link.run)
         sup.watch("scheduler", self.scheduler.start())
         sup.start("outbox", self.outbox.run)
-        if self.fleet is None:
+        if self.fleet_node is None:
             for a in self.agents:
                 sup.start(f"plc-{a.plc.id}", a.run)
         else:
-            sup.start("fleet", self.fleet.run)
+            self.fleet_node.start()
         if self.sparkplug is not None:
             self._sparkplug_task = sup.start("sparkplug", self.sparkplug.run)
         if self.opcua_server is not None:
@@ -335,8 +303,8 @@ class Service:
                 await asyncio.wait_for(asyncio.shield(spb), 5)
             except TimeoutError:
                 log.warning("Sparkplug link did not close in 5 s")
-        if self.fleet is not None:
-            self.fleet.close()
+        if self.fleet_node is not None:
+            self.fleet_node.close()
         await self.supervisor.stop()
 
     def _part_dead(self, name: str, why: str) -> None:
@@ -377,12 +345,11 @@ class Service:
         self.supervisor.stopping = True   # parts end now: a failure is not restarted
         for agent in self.agents:   # a trigger in progress stays raised in the PLC
             await agent.stop()
-        stopped = self._stop_scheduler_first(grace_s)
-        left_group = await self._leave_fleet()
-        self.link.accepting = False
-        left = await (stopped or self.scheduler.stop(grace_s))
-        if left_group:
-            left = max(0, left - await self._hand_over())
+        if self.fleet_node is not None:   # leaves its group, hands requests over
+            left = await self.fleet_node.stop(grace_s)
+        else:
+            self.link.accepting = False
+            left = await self.scheduler.stop(grace_s)
         if self.link.connected and not await self.outbox.drain(5):
             log.warning("answers still unpublished at shutdown: sent after the restart")
         if self.sparkplug is not None:   # NDEATH, then DISCONNECT

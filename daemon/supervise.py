@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rung.daemon.backoff import Backoff
+
 log = logging.getLogger("rung.supervise")
 
 
@@ -42,6 +44,10 @@ class Policy:
     max_s: float = 30.0       # the longest delay between restarts
     restarts: int = 6         # failures in a row survived; one more and the part is dead
     healthy_s: float = 60.0   # a run this long ends a fault episode
+
+    def delay(self, failures: int) -> float:
+        """The wait before the restart after ``failures`` failures in a row."""
+        return Backoff(self.first_s, self.max_s).delay(failures)
 
 
 class PartMetrics(Protocol):
@@ -137,7 +143,7 @@ class Supervisor:
                        else f"gave up after {part.failures - 1} restarts")
                 self._die(part, err, how)
                 return
-            delay = min(self.policy.first_s * 2 ** (part.failures - 1), self.policy.max_s)
+            delay = self.policy.delay(part.failures)
             self._failed(part, err, delay)
             await asyncio.sleep(delay)
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rung.daemon.backoff import Backoff as Backoff  # the PLC handshake imports it from here
 from rung.daemon.plc.errors import PlcError
 from rung.daemon.plc.transport import PlcSpec, Snapshots
 from rung.daemon.request import Request
@@ -75,18 +76,6 @@ class Answered:
     event: dict[str, Any]
     last: dict[str, Any]
     published: bool = False
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Delays that double from ``first_s`` up to ``max_s``."""
-
-    first_s: float
-    max_s: float
-
-    def delay(self, failures: int) -> float:
-        """The wait after the ``failures``-th failure in a row (from 1)."""
-        return float(min(self.first_s * 2 ** min(max(failures, 1) - 1, 30), self.max_s))
 
 
 class Diagnoser:

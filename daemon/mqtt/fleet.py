@@ -49,9 +49,10 @@ the node renews it every ``lease_s / 4``. Anybody allowed to publish under
   speaks for it: it stops driving its PLCs at once (``fleet status overwritten``, ``plc
   lost``), so that a node that took the forged status for the end of its claim cannot write
   beside it, republishes its real status (at most once a second) and only then contends
-  again for PLCs it refused. ``Service`` cannot restart a PLC agent it stopped, so the PLCs
-  given up this way stay given up (``refused``, owner ``(status overwritten)``) until the
-  node restarts; a node that refused them takes them over.
+  again for PLCs it refused. The node (``fleet_node.FleetNode``) cannot restart a PLC
+  agent it stopped, so the PLCs given up this way stay given up (``refused``, owner
+  ``(status overwritten)``) until the node restarts; a node that refused them takes them
+  over.
 
 The broker's ACL (docs/mqtt.md, "Access control") is what keeps other clients from
 writing there at all; the lease and the self-check bound what one that can does.

@@ -17,7 +17,8 @@ so a node's own status coming back still fences what the broker sent before it. 
 (the journal's ``settled``) is awaited before every publish.
 
 Every foreign error becomes ``aiomqtt.MqttError`` handling here: the reconnect policy lives
-in this loop, nowhere else.
+in one loop, :func:`keep_connected`, which the Sparkplug link (``plant/sparkplug_link.py``)
+runs too with its own client and session.
 
 In a fleet (``mqtt.shared_group``) the link takes requests through the shared subscription
 ``$share/{group}/{base}/req/#`` and says online/offline on the node's own topic
@@ -37,6 +38,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiomqtt
@@ -45,6 +47,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from rung.daemon.backoff import Backoff
 from rung.daemon.config import MQTTConfig
 from rung.daemon.metrics import Metrics
 from rung.daemon.mqtt.journal import Incoming
@@ -124,6 +127,44 @@ def connect_args(cfg: MQTTConfig) -> dict[str, Any]:
             "tls_params": tls, "tls_insecure": cfg.tls.insecure if cfg.tls else None}
 
 
+async def keep_connected(cfg: MQTTConfig, connect: Callable[[], AbstractAsyncContextManager[
+                             aiomqtt.Client]],
+                         serve: Callable[[aiomqtt.Client], Awaitable[None]],
+                         stop: asyncio.Event, ended: Callable[[], None], *,
+                         logger: logging.Logger = log, label: str = "",
+                         survive_bugs: bool = True) -> None:
+    """The reconnect loop of rung's MQTT clients (the request link, the Sparkplug edge
+    node): connect (``connect()``, a new client each time), ``serve`` the connection until
+    it ends, ``ended()`` after every connection, then wait before the next try, from
+    ``mqtt.reconnect_min_s`` doubling to ``mqtt.reconnect_max_s`` (from the start again
+    after a connection that held for ten times the longest wait), until ``stop`` is set.
+
+    A broker error (``aiomqtt.MqttError``) is one warning, ``label`` before it. Any other
+    exception is a bug: with ``survive_bugs`` it is logged with its traceback and the loop
+    backs off as for a broker error; without it, it ends the loop (the part's supervisor
+    restarts it)."""
+    backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            async with connect() as client:
+                await serve(client)
+        except aiomqtt.MqttError as e:
+            logger.warning("%sbroker %s:%d: %s", label, cfg.host, cfg.port, e)
+        except Exception:   # a bug here must not end the link for good: log, back off
+            if not survive_bugs:
+                raise
+            logger.exception("%sMQTT link failed", label)
+        finally:
+            ended()
+        if stop.is_set():
+            break
+        if time.monotonic() - started > 10 * cfg.reconnect_max_s:
+            backoff.reset()   # it was a working connection
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), backoff.next())
+
+
 def incoming(message: aiomqtt.Message, claimed_id: str | None = None) -> Incoming:
     """An aiomqtt message as rung's ``Incoming`` (v5 properties read when present)."""
     props = message.properties
@@ -143,16 +184,21 @@ class MQTTLink:
     """Connects, subscribes to ``{base}/req/#``, feeds ``on_message``, publishes answers.
 
     ``birth`` gives the retained status payload published on every connection (the Last
-    Will publishes ``{"online": false}`` when rung vanishes); ``watch`` adds topics whose
-    messages go elsewhere (the fleet's statuses).
+    Will publishes ``{"online": false}`` when rung vanishes; a fleet node's status replaces
+    it, ``fleet_node.py``); ``watch`` adds topics whose messages go elsewhere (the fleet's
+    statuses). ``on_message`` may be given later (the intake is built after the outbox
+    that publishes through this link), before ``run``: until then a request message is
+    left unacknowledged. ``on_connect`` and every hook added with :meth:`on_connected` are
+    called after every connection, in the order given.
     """
 
-    def __init__(self, cfg: MQTTConfig, on_message: OnMessage,
+    def __init__(self, cfg: MQTTConfig, on_message: OnMessage | None,
                  birth: Callable[[], dict[str, Any]],
-                 on_connect: Callable[[], None] = lambda: None,
+                 on_connect: Callable[[], None] | None = None,
                  metrics: Metrics | None = None) -> None:
         self.cfg, self.on_message, self.birth = cfg, on_message, birth
-        self.on_connect, self.metrics = on_connect, metrics
+        self.metrics = metrics
+        self._on_connect: list[Callable[[], None]] = [] if on_connect is None else [on_connect]
         self.v5 = str(cfg.protocol) == "5"
         self.status_topic = status_topic(cfg)
         self.request_filter = request_filter(cfg)
@@ -187,29 +233,20 @@ class MQTTLink:
         manual_acks(client)
         return client
 
+    def on_connected(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` after every connection (subscribed, birth out), after the hooks
+        added before it. Call before ``run``."""
+        self._on_connect.append(hook)
+
     async def run(self) -> None:
         """Connect, serve, reconnect with backoff, until ``stop``."""
-        delay = self.cfg.reconnect_min_s
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                async with self._new_client() as client:
-                    await self._serve(client)
-            except aiomqtt.MqttError as e:
-                log.warning("broker %s:%d: %s", self.cfg.host, self.cfg.port, e)
-            except Exception:   # a bug here must not end the link for good: log, back off
-                log.exception("MQTT link failed")
-            finally:
-                self._client = None
-                if self.metrics is not None:
-                    self.metrics.set_mqtt(False)
-            if self._stop.is_set():
-                break
-            if time.monotonic() - started > 10 * self.cfg.reconnect_max_s:
-                delay = self.cfg.reconnect_min_s   # it was a working connection
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay)
-            delay = min(delay * 2, self.cfg.reconnect_max_s)
+        await keep_connected(self.cfg, self._new_client, self._serve, self._stop,
+                             self._disconnected)
+
+    def _disconnected(self) -> None:
+        self._client = None
+        if self.metrics is not None:
+            self.metrics.set_mqtt(False)
 
     def watch(self, topic_filter: str, handler: OnSide) -> None:
         """Subscribe ``topic_filter`` (QoS 1, retained messages sent) on every connection,
@@ -237,7 +274,8 @@ class MQTTLink:
             if self.connections > 1:
                 self.metrics.mqtt_reconnected()
         log.info("connected to %s:%d as %s", self.cfg.host, self.cfg.port, self.cfg.client_id)
-        self.on_connect()
+        for hook in self._on_connect:
+            hook()
         reader = asyncio.ensure_future(self._read(client))
         stop = asyncio.ensure_future(self._stop.wait())
         try:
@@ -284,7 +322,7 @@ class MQTTLink:
                 continue
             if self.metrics is not None:
                 self.metrics.mqtt_message("in")
-            if not self.accepting:
+            if not self.accepting or self.on_message is None:
                 continue   # unacknowledged: redelivered after the restart
             taken = self.on_message(incoming(message))
             if isinstance(taken, asyncio.Future):

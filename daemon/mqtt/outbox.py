@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any
 
+from rung.daemon.backoff import Backoff
 from rung.daemon.metrics import Metrics
 from rung.daemon.mqtt import requests as rq
 from rung.daemon.mqtt.journal import Journal, JournalError
@@ -43,7 +44,7 @@ class Outbox:
         # answers done with whose journal row could not be updated yet (a failing disk):
         # seq -> None (published: delivered) or why it was dead-lettered; never resent
         self._unmarked: dict[int, str | None] = {}
-        self._direct: set[asyncio.Task[Any]] = set()
+        self._direct: set[asyncio.Task[Any]] = set()   # one-shot publishes in flight
         self._held: list[tuple[str, bytes, bool]] = []
 
     # -- answers -------------------------------------------------------------------------
@@ -85,7 +86,7 @@ class Outbox:
         journal that cannot be read (a failing disk) is tried again with backoff (logged
         once, ``rung_storage_ok`` 0 meanwhile) and every answer recorded meanwhile goes out
         once it can be read; anything else ends this part for its supervisor."""
-        failing = 0
+        retry = Backoff(JOURNAL_RETRY_S, JOURNAL_RETRY_MAX_S)
         self.wake()   # (re)started: what is recorded and not delivered yet goes first
         while True:
             await self._wake.wait()
@@ -93,18 +94,17 @@ class Outbox:
             try:
                 await self._publish_recorded()
             except JournalError as e:
-                failing += 1
-                delay = min(JOURNAL_RETRY_S * 2 ** (failing - 1), JOURNAL_RETRY_MAX_S)
-                if failing == 1:
+                delay = retry.next()
+                if retry.failures == 1:
                     log.error("outbox: %s; trying again with backoff up to %g s", e,
                               JOURNAL_RETRY_MAX_S)
                 self.metrics.set_storage(False)
                 asyncio.get_running_loop().call_later(delay, self.wake)
                 continue
-            if failing:
+            if retry.failures:
                 log.warning("outbox: the journal can be read again after %d failed tries",
-                            failing)
-                failing = 0
+                            retry.failures)
+                retry.reset()
 
     async def _publish_recorded(self) -> None:
         self._mark()
@@ -185,6 +185,12 @@ class Outbox:
         del self._held[:-HELD_EVENTS]
         log.warning("broker down: %s held for the next connection", topic)
         return False
+
+    def connected(self) -> None:
+        """After every (re)connection of the link: the answers left over, then the events
+        held meanwhile."""
+        self.wake()
+        spawn(self.flush_held(), "Outbox.flush_held", self._direct)
 
     async def flush_held(self) -> None:
         """After a reconnection: the events held meanwhile, in order."""

@@ -9,7 +9,11 @@ another client id.
 :class:`SparkplugLink` connects, subscribes, publishes the births, answers NCMD rebirths and
 the primary host's STATE, and publishes what :meth:`diagnosis` and :meth:`plc_link` produce,
 in order, from one writer; it reconnects with backoff until :meth:`stop`, which publishes
-the NDEATH before a clean DISCONNECT.
+the NDEATH before a clean DISCONNECT. The reconnect loop is the request link's
+(``link.keep_connected``: ``mqtt.reconnect_min_s`` doubling to ``mqtt.reconnect_max_s``);
+what is Sparkplug's own is the client (clean session, the NDEATH Will with the next bdSeq,
+made anew for every CONNECT) and the session (births, commands, NDEATH). A bug in the
+session is not caught there: it ends :meth:`run` for its supervisor to restart.
 
 **Inbound size.** Anyone who may publish on the NCMD or STATE topic can send a payload of
 any size (mosquitto's default ``max_packet_size`` is the MQTT maximum, 256 MiB). A message
@@ -25,9 +29,7 @@ no such field: paho reads the whole packet before the check refuses it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +39,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from rung.daemon.config import MQTTConfig
-from rung.daemon.mqtt.link import connect_args, no_delay
+from rung.daemon.mqtt.link import connect_args, keep_connected, no_delay
 from rung.daemon.mqtt.oversize import Oversize
 from rung.daemon.plant.sparkplug import NAMESPACE, EdgeNode, Message
 
@@ -110,24 +112,11 @@ class SparkplugLink:
             will=aiomqtt.Will(will.topic, will.payload, qos=will.qos, retain=will.retain))
 
     async def run(self) -> None:
-        """Connect, serve, reconnect with backoff, until ``stop``."""
-        delay = self.cfg.reconnect_min_s
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                async with self._client() as client:
-                    await self._serve(client)
-            except aiomqtt.MqttError as e:
-                log.warning("sparkplug: broker %s:%d: %s", self.cfg.host, self.cfg.port, e)
-            finally:
-                self.node.disconnected()
-            if self._stop.is_set():
-                break
-            if time.monotonic() - started > 10 * self.cfg.reconnect_max_s:
-                delay = self.cfg.reconnect_min_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay)
-            delay = min(delay * 2, self.cfg.reconnect_max_s)
+        """Connect, serve, reconnect with backoff (the request link's loop), until
+        ``stop``."""
+        await keep_connected(self.cfg, self._client, self._serve, self._stop,
+                             self.node.disconnected, logger=log, label="sparkplug: ",
+                             survive_bugs=False)
 
     async def _serve(self, client: aiomqtt.Client) -> None:
         no_delay(client)

@@ -374,3 +374,60 @@ def test_hostile_commands_are_answered_with_nothing() -> None:
         assert node.handle(state, payload).messages == []
     assert node.decode(topic("NCMD"), b"\x0a" * 70_000).rebirth is False
     assert node.decode("spBv1.0/Plant1/NCMD/other", _ncmd(True)).kind == ""
+
+
+@pytest.mark.integration
+def test_a_broker_restart_reconnects_through_the_shared_loop(
+        broker: LocalBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The broker restarts: the edge node reconnects through the request link's reconnect
+    loop (``link.keep_connected``, ``mqtt.reconnect_min_s`` after the drop) and is born
+    again with the next bdSeq, its devices with it; data flows after the births."""
+    from rung.daemon.mqtt import link as mqtt_link
+    from rung.daemon.plant import sparkplug_link
+
+    loops: list[str] = []
+
+    async def spy(cfg: MQTTConfig, *args: Any, **kwargs: Any) -> None:
+        loops.append(kwargs.get("label", ""))
+        await mqtt_link.keep_connected(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(sparkplug_link, "keep_connected", spy)
+    bd_file = tmp_path / "sparkplug-bdseq"
+
+    async def scenario() -> None:
+        node = EdgeNode(GROUP, NODE, [PRESS], bd_seq_path=bd_file)
+        # the first try after the drop comes 1.5 s later: the broker and the new host
+        # are up by then
+        link = SparkplugLink(node, MQTTConfig(port=broker.port, reconnect_min_s=1.5,
+                                              reconnect_max_s=3.0), "rung-node1-spb")
+        first = await asyncio.to_thread(Host, broker.port)
+        task = asyncio.ensure_future(link.run())
+        try:
+            nbirth, _ = await _kinds(first, ["NBIRTH", "DBIRTH"])
+            assert nbirth.metrics()["bdSeq"] == 0 and link.connections == 1
+            await asyncio.to_thread(broker.stop)
+            await asyncio.to_thread(first.close)
+            await asyncio.to_thread(broker.start)
+            second = await asyncio.to_thread(Host, broker.port)
+            try:
+                nbirth, dbirth = await _kinds(second, ["NBIRTH", "DBIRTH"])
+                assert (nbirth.seq, nbirth.metrics()["bdSeq"]) == (0, 1)
+                assert (dbirth.topic, dbirth.seq) == (topic("DBIRTH", "press1"), 1)
+                assert link.connections == 2
+                mark = len(second.since())
+                link.diagnosis("press1", EVENT)
+                (ddata,) = await _kinds(second, ["DDATA"], mark)
+                assert ddata.seq == 2
+            finally:
+                second.close()
+        finally:
+            link.stop()
+            await asyncio.wait_for(task, 10)
+
+    with caplog.at_level(logging.WARNING, logger="rung.sparkplug"):
+        asyncio.run(scenario())
+    assert loops == ["sparkplug: "]   # one run of the shared loop, two connections
+    assert any(r.getMessage().startswith(f"sparkplug: broker 127.0.0.1:{broker.port}: ")
+               for r in caplog.records)
+    assert bd_file.read_text().strip() == "1"
