@@ -4,13 +4,16 @@
     python -m rung.tools.eval_model models/edge-tiny --inputs tests/data/handwritten.json
     python -m rung.tools.eval_model models/edge-tiny --retry-mode feedback [--inputs ...]
 
-The checkpoint is exported twice (FFN gates as trained, and ``--ffn-skip off``); held-out
-instructions come from the corpus generator with a seed the training did not use. Reports:
-unconstrained JSON-valid rate (greedy, no grammar), constrained schema-valid rate, ST
-syntax-valid and identifier-check pass rates, fault-tree-valid and diagnosis-valid rates,
-the FFN skip ratio at decode and its quality cost (teacher-forced next-token KL and greedy
-agreement of the gated engine against the ungated one on the reference answers), and the
-same comparison for an fp8 KV cache against fp32.
+The shipped engine is the checkpoint exported with ``rung export``'s defaults and decoded as
+``rung serve`` decodes it (``engine.decode: auto``: fast where that answers exactly as
+plain); held-out instructions come from the corpus generator with a seed the training did
+not use. Reports: unconstrained JSON-valid rate (greedy, no grammar), constrained
+schema-valid rate, ST syntax-valid and identifier-check pass rates, fault-tree-valid and
+diagnosis-valid rates, per task the share **right** beside the share valid
+(``daemon.tasks.quality``), what each answer mechanism buys, an fp8 KV cache against fp32
+(teacher-forced next-token KL and greedy agreement on the reference answers) and, for a
+checkpoint with FFN gates, the skip ratio at decode and the gates' cost against the ungated
+engine.
 
 ``--retry-mode`` measures verified retries made that way (``RetryPolicy.mode``) and
 nothing else: on the held-out instructions the answers with retries on the shipped engine
@@ -40,6 +43,7 @@ from rung.daemon.tasks.runner import (
     RetryPolicy,
     TaskResult,
     TaskRunner,
+    fast_decoding,
 )
 from rung.daemon.tasks.task import load_tasks
 from rung.daemon.tasks.validate import check_schema
@@ -69,9 +73,18 @@ class _Tallied(TaskRunner):
 
 
 def _runner(engine_dir: Path, shaped: bool = True) -> _Tallied:
+    """A runner on ``engine_dir`` decoding as ``rung serve`` does (``engine.decode: auto``)."""
     engine = load_engine(engine_dir)
     return _Tallied(engine, Tokenizer.load(engine_dir, engine.manifest.tokenizer),
-                    load_tasks(), engine_dir, shaped=shaped)
+                    load_tasks(), engine_dir, shaped=shaped,
+                    fast=fast_decoding("auto", engine))
+
+
+def _gated(model_dir: Path) -> bool:
+    """Whether the checkpoint carries trained FFN skip gates."""
+    from rung.export.checkpoint import load_checkpoint
+
+    return bool(load_checkpoint(model_dir).model.has_ffn_gates)
 
 
 def unconstrained(runner: TaskRunner, samples: list[dict[str, Any]]) -> float:
@@ -98,12 +111,16 @@ def constrained(runner: TaskRunner, samples: list[dict[str, Any]],
     steps0, skips0 = engine.ffn_steps, (None if engine.ffn_skips is None
                                         else engine.ffn_skips.copy())
     examples: dict[str, Any] = {}
+    quality = Tally()
     for s in samples:
         t0 = time.perf_counter()
         (r,) = runner.run([(s["task"], s["input"])], SamplingParams(), retry=retry)
         seconds[s["task"]] += time.perf_counter() - t0
         counts[f"{s['task']}:attempts"] += r.attempts
         v = r.validation or {}
+        err = r.error or {}
+        quality.add(s["task"], judge(s["task"], r.validation,
+                                     error=f"{err.get('code')}: {err.get('message')}"))
         counts[f"{s['task']}:n"] += 1
         counts[f"{s['task']}:schema"] += int(bool(v.get("schema", {}).get("ok")))
         counts[f"{s['task']}:ok"] += int(r.ok)
@@ -117,6 +134,8 @@ def constrained(runner: TaskRunner, samples: list[dict[str, Any]],
     per_task = {t: {"n": counts[f"{t}:n"],
                     "schema_valid": counts[f"{t}:schema"] / max(counts[f"{t}:n"], 1),
                     "valid": counts[f"{t}:ok"] / max(counts[f"{t}:n"], 1),
+                    "right": quality.right[t] / max(counts[f"{t}:n"], 1),
+                    "not_right_because": dict(quality.reasons.get(t, Counter())),
                     "mean_attempts": counts[f"{t}:attempts"] / max(counts[f"{t}:n"], 1),
                     "mean_s": seconds[t] / max(counts[f"{t}:n"], 1),
                     **_retries(runner, tally, t)}
@@ -166,25 +185,32 @@ def teacher_forced(engine: AnyEngine, tok: Tokenizer, runner: TaskRunner,
 def evaluate(model_dir: Path, n: int, seed: int) -> dict[str, Any]:
     samples = corpus(n, seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
-        gated_dir, plain_dir = Path(tmp) / "gated", Path(tmp) / "plain"
-        export(model_dir, gated_dir, ExportOptions(kv="fp32", ffn_skip="trained"))
+        shipped_dir, plain_dir = Path(tmp) / "shipped", Path(tmp) / "plain"
+        export(model_dir, shipped_dir, ExportOptions())   # rung export's defaults
         export(model_dir, plain_dir, ExportOptions(kv="fp32", ffn_skip="off"))
         kv8_dir = Path(tmp) / "kv8"
         export(model_dir, kv8_dir, ExportOptions(ffn_skip="off", kv="fp8"))
-        gated, plain = _runner(gated_dir), _runner(plain_dir)
+        shipped, plain = _runner(shipped_dir), _runner(plain_dir)
         result: dict[str, Any] = {"model": str(model_dir), "held_out": n, "seed": seed,
+                                  "engine": {"kv": shipped.engine.manifest.kv.dtype,
+                                             "ffn_gates": shipped.engine.ffn_skips is not None,
+                                             "fast_decoding": shipped.fast},
                                   "unconstrained_json_valid": unconstrained(plain, samples),
-                                  "constrained_gated": constrained(gated, samples),
-                                  "constrained_plain": constrained(plain, samples)}
-        # what each answer mechanism buys, on the shipped (gated) engine
+                                  "constrained": constrained(shipped, samples)}
+        # what each answer mechanism buys, on the shipped engine
         result["mechanisms"] = {
-            "schema only": constrained(_runner(gated_dir, shaped=False), samples),
-            "+ per-request shapes": result["constrained_gated"],
-            "+ verified retries (3 attempts)": constrained(gated, samples, RetryPolicy())}
+            "schema only": constrained(_runner(shipped_dir, shaped=False), samples),
+            "+ per-request shapes": result["constrained"],
+            "+ verified retries (3 attempts)": constrained(shipped, samples, RetryPolicy())}
         quality_n = samples[: min(len(samples), 24)]
         ref = teacher_forced(plain.engine, plain.tokenizer, plain, quality_n)
-        got = teacher_forced(gated.engine, gated.tokenizer, gated, quality_n)
-        result["ffn_quality_vs_ungated"] = logit_metrics(ref, got)
+        if _gated(model_dir):
+            gated_dir = Path(tmp) / "gated"
+            export(model_dir, gated_dir, ExportOptions(kv="fp32", ffn_skip="trained"))
+            gated = _runner(gated_dir)
+            result["constrained_ungated"] = constrained(plain, samples)
+            got = teacher_forced(gated.engine, gated.tokenizer, gated, quality_n)
+            result["ffn_quality_vs_ungated"] = logit_metrics(ref, got)
         kv8 = _runner(kv8_dir)
         result["kv_fp8_vs_fp32"] = logit_metrics(
             ref, teacher_forced(kv8.engine, kv8.tokenizer, kv8, quality_n))
@@ -193,11 +219,11 @@ def evaluate(model_dir: Path, n: int, seed: int) -> dict[str, Any]:
 
 def retries(model_dir: Path, n: int, seed: int, policy: RetryPolicy) -> dict[str, Any]:
     """The held-out instructions answered with verified retries made by ``policy`` on the
-    shipped engine as ``evaluate`` measures it (gates as trained, fp32 KV, shapes on)."""
+    shipped engine as ``evaluate`` measures it (``rung export``'s defaults, shapes on)."""
     samples = corpus(n, seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
-        engine_dir = Path(tmp) / "gated"
-        export(model_dir, engine_dir, ExportOptions(kv="fp32", ffn_skip="trained"))
+        engine_dir = Path(tmp) / "shipped"
+        export(model_dir, engine_dir, ExportOptions())
         return {"model": str(model_dir), "held_out": n, "seed": seed,
                 "retry": _policy(policy),
                 "constrained_retried": constrained(_runner(engine_dir), samples, policy)}
@@ -212,7 +238,7 @@ def _policy(policy: RetryPolicy) -> dict[str, Any]:
 def handwritten(model_dir: Path, path: Path,
                 policy: RetryPolicy | None = None) -> dict[str, Any]:
     """Requests written by hand (``tests/data/handwritten.json``) answered as ``rung serve``
-    answers them (gated engine, shapes, verified retries by ``policy``, default the
+    answers them (``rung export``'s defaults, shapes, verified retries by ``policy``, default the
     daemon's): per task the share **right** beside the share valid
     (``daemon.tasks.quality``: every check a plant engineer would apply, ST by execution
     against the request's test vectors, ``st_vectors``), why the others are not right,
@@ -223,8 +249,8 @@ def handwritten(model_dir: Path, path: Path,
     out: dict[str, Any] = {"retry": _policy(policy)}
     quality = Tally()
     with tempfile.TemporaryDirectory() as tmp:
-        engine_dir = Path(tmp) / "gated"
-        export(model_dir, engine_dir, ExportOptions(ffn_skip="trained"))
+        engine_dir = Path(tmp) / "shipped"
+        export(model_dir, engine_dir, ExportOptions())
         runner = _runner(engine_dir)
         for task in ("st_code", "fault_tree", "diagnosis"):
             inputs = requests[task]

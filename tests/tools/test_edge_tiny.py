@@ -1,5 +1,6 @@
-"""The shipped demo model: it loads, exports with its trained gates, and on a fixed small set
-of held-out instructions reaches the rates recorded next to it (models/edge-tiny/)."""
+"""The shipped demo model: it loads, its default engine decodes fast with the answers plain
+decoding gives, and on a fixed small set of held-out instructions it reaches the rates
+recorded next to it (models/edge-tiny/)."""
 
 from __future__ import annotations
 
@@ -20,18 +21,19 @@ def test_shipped_model_is_small_and_loads() -> None:
     size = sum(f.stat().st_size for f in MODEL.iterdir() if f.is_file())
     assert size < 40 * 2**20
     ckpt = load_checkpoint(MODEL)
-    assert ckpt.config.architecture == "LlamaForCausalLM" and ckpt.model.has_ffn_gates
+    # no FFN gates: one If decision per step would keep the engine from decoding fast
+    assert ckpt.config.architecture == "LlamaForCausalLM" and not ckpt.model.has_ffn_gates
     assert ckpt.tokenizer.chat_template and ckpt.tokenizer.eos_token_ids
 
 
 def test_shipped_model_reaches_its_recorded_rates() -> None:
     recorded = json.loads((MODEL / "eval_small.json").read_text())
     got = evaluate(MODEL, recorded["held_out"], recorded["seed"])
-    pairs = [("unconstrained_json_valid",), ("constrained_gated", "schema_valid"),
-             ("constrained_gated", "st_syntax_valid"),
-             ("constrained_gated", "identifiers_pass"),
-             ("constrained_gated", "fault_tree_valid"),
-             ("constrained_gated", "diagnosis_valid")]
+    pairs = [("unconstrained_json_valid",), ("constrained", "schema_valid"),
+             ("constrained", "st_syntax_valid"),
+             ("constrained", "identifiers_pass"),
+             ("constrained", "fault_tree_valid"),
+             ("constrained", "diagnosis_valid")]
     for path in pairs:
         want, have = recorded, got
         for key in path:
@@ -39,14 +41,26 @@ def test_shipped_model_reaches_its_recorded_rates() -> None:
         assert have >= want - MARGIN, (path, have, want)
 
 
-def test_a_plain_export_keeps_the_trained_gates(tmp_path: Path) -> None:
-    """``rung export`` without ``--ffn-skip`` keeps the gates a checkpoint was trained with
-    (the model expects them); ``off`` still drops them."""
-    from rung.daemon.cli import main as cli
-    from rung.engines.manifest import load_manifest
+def test_the_default_engine_decodes_fast_with_plain_answers(tmp_path: Path) -> None:
+    """``rung export`` without options gives an engine that ``engine.decode: auto`` decodes
+    fast, and its answers to the demo's requests are token for token the plain ones."""
+    from rung.daemon.demo.run import _requests
+    from rung.daemon.tasks.runner import TaskRunner, fast_decoding
+    from rung.daemon.tasks.task import load_tasks
+    from rung.engines import load_engine
+    from rung.engines.sampler import SamplingParams
+    from rung.engines.tokenizer import Tokenizer
+    from rung.export.exporter import ExportOptions, export
 
-    assert cli(["export", str(MODEL), "-o", str(tmp_path / "plain"), "--no-verify"]) == 0
-    assert load_manifest(tmp_path / "plain").ffn_gate == {"mode": "trained"}
-    assert cli(["export", str(MODEL), "-o", str(tmp_path / "off"), "--no-verify",
-                "--ffn-skip", "off"]) == 0
-    assert load_manifest(tmp_path / "off").ffn_gate is None
+    export(MODEL, tmp_path / "engine", ExportOptions(verify=False))
+    engine = load_engine(tmp_path / "engine")
+    assert engine.ffn_skips is None and fast_decoding("auto", engine)
+    tok = Tokenizer.load(tmp_path / "engine", engine.manifest.tokenizer)
+    runners = [TaskRunner(engine, tok, load_tasks(), tmp_path / "engine", fast=fast)
+               for fast in (False, True)]
+    requests = [(task, inputs[0]) for task, inputs in _requests().items()]
+    plain, fast = ([r.run([req], SamplingParams())[0] for req in requests] for r in runners)
+    for (task, _), a, b in zip(requests, plain, fast, strict=True):
+        assert a.generation is not None and b.generation is not None
+        assert a.generation.token_ids == b.generation.token_ids, task
+        assert b.generation.steps < a.generation.steps, task
