@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             from rung.export.exporter import ExportOptions, export
 
             engine = Path(tmp) / "engine"
-            export(ROOT / "models" / "edge-tiny", engine, ExportOptions(ffn_skip="trained"))
+            export(ROOT / "models" / "edge-tiny", engine, ExportOptions())
         results = {n: measure(engine, int(n), counts, Path(tmp))
                    for n in args.nodes.split(",")}
     record = {"stamp": time.strftime("%Y-%m-%d") + "-fleet",

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         engine_dir = Path(tmp) / "engine"
-        export(ROOT / "models" / "edge-tiny", engine_dir, ExportOptions(ffn_skip="trained"))
+        export(ROOT / "models" / "edge-tiny", engine_dir, ExportOptions())
         results = {name: run(engine_dir, args.requests, args.points, hot)
                    for name, hot in (("hot tier", True), ("cold tier only", False))}
     stamp = time.strftime("%Y-%m-%d") + "-hot-rows"

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                               "machine": machine.machine_info(), "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
         engine_dir = Path(tmp) / "demo"
-        export(ROOT / "models" / "edge-tiny", engine_dir, ExportOptions(ffn_skip="trained"))
+        export(ROOT / "models" / "edge-tiny", engine_dir, ExportOptions())
         engine = load_engine(engine_dir)
         tok = Tokenizer.load(engine_dir, engine.manifest.tokenizer)
         runners = {"schema only": TaskRunner(engine, tok, load_tasks(), engine_dir,

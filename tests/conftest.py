@@ -68,6 +68,19 @@ def edge_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rung.export.exporter import ExportOptions, export
 
     out = tmp_path_factory.mktemp("edge-engine")
-    export(Path(__file__).resolve().parents[1] / "models" / "edge-tiny", out,
-           ExportOptions(ffn_skip="trained"))
+    export(Path(__file__).resolve().parents[1] / "models" / "edge-tiny", out, ExportOptions())
+    return out
+
+
+GATED = Path(__file__).resolve().parent / "data" / "edge-tiny-gated"
+"""A checkpoint trained with FFN skip gates (the demo model until 2026-12-02)."""
+
+
+@pytest.fixture(scope="session")
+def gated_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The gated checkpoint (``GATED``) exported with its trained gates."""
+    from rung.export.exporter import ExportOptions, export
+
+    out = tmp_path_factory.mktemp("gated-engine")
+    export(GATED, out, ExportOptions(ffn_skip="trained"))
     return out

@@ -10,6 +10,7 @@ import pytest
 
 from rung.engines import load_engine, parted
 from rung.engines.onnx_engine import EngineOptions, OnnxEngine
+from tests.conftest import GATED
 
 
 def _steps(engine: OnnxEngine, allow_skip: bool = False) -> tuple[list[np.ndarray],
@@ -56,10 +57,10 @@ def test_generic_graph_in_two_parts_answers_as_one(generic_engines: dict[str, Pa
     _same(whole, two)
 
 
-def test_gated_graph_in_two_parts_skips_as_one(edge_engine: Path) -> None:
+def test_gated_graph_in_two_parts_skips_as_one(gated_engine: Path) -> None:
     """The FFN gates' If branches read tensors of the outer graph: the cut carries those
     too, and the parts skip the same FFNs as the whole graph."""
-    whole, two = _load(edge_engine, 1), _load(edge_engine, 2)
+    whole, two = _load(gated_engine, 1), _load(gated_engine, 2)
     assert len(two.session.parts) == 2
     _same(whole, two, allow_skip=True)
     assert whole.ffn_skips is not None and two.ffn_skips is not None
@@ -158,7 +159,7 @@ def test_an_output_asked_for_once_is_not_written_again(tmp_path: Path) -> None:
     that asks for other outputs binds afresh instead of writing into it again."""
     from rung.export.exporter import ExportOptions, export
 
-    export(Path(__file__).resolve().parents[2] / "models" / "edge-tiny", tmp_path / "gated",
+    export(GATED, tmp_path / "gated",
            ExportOptions(kv="fp32", ffn_skip="trained"))   # fused graph, FFN gates
     engine = _load(tmp_path / "gated", 2)
     assert engine.fused and engine.ffn_skips is not None

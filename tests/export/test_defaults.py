@@ -29,6 +29,8 @@ from rung.export.exporter import KV, ExportOptions, export
 from rung.export.quantize import quant_spec
 
 EDGE_TINY = Path(__file__).resolve().parents[2] / "models" / "edge-tiny"
+# trained with FFN skip gates (the demo model until 2026-12-02)
+GATED = Path(__file__).resolve().parents[1] / "data" / "edge-tiny-gated"
 # the Qwen2.5-0.5B shape at 4,096 tokens, fp32 weights (494 M parameters)
 QWEN05 = CacheShape(num_layers=24, num_kv_heads=2, head_dim=64, max_seq=4096)
 QWEN05_FP32 = 494_032_768 * 4
@@ -175,31 +177,41 @@ def test_bad_options_refused(opts: dict[str, Any], match: str, tmp_path: Path) -
 
 
 @pytest.mark.integration
-def test_the_demo_model_keeps_its_gates_they_are_the_model(tmp_path: Path) -> None:
-    """The shipped model's default engine: fp16 KV on the fused graph; its trained gates
+def test_trained_gates_are_kept_where_dropping_them_costs_too_much(tmp_path: Path) -> None:
+    """A checkpoint trained with gates: fp16 KV on the fused graph; its trained gates
     measured (dropping them costs far more than the budget) and kept, the reason recorded.
     Within a looser budget ``auto`` drops them; ``--ffn-skip off`` always does."""
-    m = export(EDGE_TINY, tmp_path / "default", ExportOptions(max_seq=256))
+    m = export(GATED, tmp_path / "default", ExportOptions(max_seq=256))
     assert m.kv.dtype == "float16" and m.kv.layout == HEAD_MAJOR
     assert m.ffn_gate == {"mode": "trained"} and m.ffn_skip is not None
     assert m.ffn_skip["requested"] == "auto" and m.ffn_skip["mode"] == "trained"
     assert "over the budget 0.05" in m.ffn_skip["reason"]
     assert any(t.name == "ffn_allow_skip" for t in m.inputs)
-    loose = export(EDGE_TINY, tmp_path / "loose",
+    loose = export(GATED, tmp_path / "loose",
                    ExportOptions(max_seq=256, quality_budget=5.0, verify=False))
     assert loose.ffn_gate is None and loose.ffn_skip is not None
     assert loose.ffn_skip["mode"] == "off" and "within the budget 5.0" in loose.ffn_skip["reason"]
     assert not any(t.name == "ffn_allow_skip" for t in loose.inputs)
-    off = export(EDGE_TINY, tmp_path / "off", ExportOptions(max_seq=256, ffn_skip="off",
+    off = export(GATED, tmp_path / "off", ExportOptions(max_seq=256, ffn_skip="off",
                                                             verify=False))
     assert off.ffn_gate is None
     assert off.ffn_skip == {"requested": "off", "mode": "off", "reason": "--ffn-skip off as asked"}
 
 
 @pytest.mark.integration
+def test_the_demo_model_has_no_gates_its_engine_decodes_fast(tmp_path: Path) -> None:
+    """The shipped model is trained without gates: its default engine has none to keep
+    (no ``If`` per step), fp16 KV on the fused graph."""
+    m = export(EDGE_TINY, tmp_path / "default", ExportOptions(max_seq=256, verify=False))
+    assert m.kv.dtype == "float16" and m.kv.layout == HEAD_MAJOR
+    assert m.ffn_gate is None
+    assert not any(t.name == "ffn_allow_skip" for t in m.inputs)
+
+
+@pytest.mark.integration
 def test_export_prints_the_choice_in_one_line(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["export", str(EDGE_TINY), "-o", str(tmp_path / "e"), "--max-seq", "256",
+    assert main(["export", str(GATED), "-o", str(tmp_path / "e"), "--max-seq", "256",
                  "--max-batch", "2", "--memory-budget-mb", "64", "--no-verify"]) == 0
     out = capsys.readouterr().out.splitlines()
     kv = [line for line in out if line.startswith("KV cache")]

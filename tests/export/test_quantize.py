@@ -26,6 +26,7 @@ from tests.checkpoints import CASES
 pytestmark = pytest.mark.integration
 PROMPT = "The pump is running; motor current 12.4 A. Öltemperatur 85 °C"
 EDGE_TINY = Path(__file__).resolve().parents[2] / "models" / "edge-tiny"
+GATED = Path(__file__).resolve().parents[1] / "data" / "edge-tiny-gated"
 # Engine against transformers with fp32 weights, teacher-forced on PROMPT: the tiny random
 # checkpoints (initializer_range 0.2) amplify rounding through their layers, so these are
 # loose; worst measured by the exporter (weight_accuracy) over these checkpoints at block
@@ -192,11 +193,11 @@ def test_linear_weights_shrink(quantized: dict[tuple[str, str, str], Path],
 @pytest.mark.parametrize("kv,products", [("fp8", 3), ("fp16", 2)])  # generic, fused
 def test_ffn_branches_are_quantized_and_still_skip(kv: str, products: int,
                                                    tmp_path: Path) -> None:
-    """The trained demo model with its gates: the FFNs inside the ``If`` branches become
-    MatMulNBits (gate and up packed into one on the fused graph), the gate probes stay
-    float, decode still skips."""
-    m = export(EDGE_TINY, tmp_path, ExportOptions(weights="int4", max_seq=256, kv=kv,
-                                                  ffn_skip="trained"))
+    """A model trained with its gates (the demo model until 2026-12-02): the FFNs inside
+    the ``If`` branches become MatMulNBits (gate and up packed into one on the fused
+    graph), the gate probes stay float, decode still skips."""
+    m = export(GATED, tmp_path, ExportOptions(weights="int4", max_seq=256, kv=kv,
+                                              ffn_skip="trained"))
     assert m.parity is not None and m.parity.passed and m.ffn_gate == {"mode": "trained"}
     proto = _graph(tmp_path)
     branches = graphs(proto.graph)[1:]
