@@ -49,8 +49,11 @@ class Scheduler:
                  retry: RetryPolicy | None = None) -> None:
         self.runner, self.observe = runner, observe
         self.retry = retry            # verified retries of answers that fail validation
-        self.on_start = on_start      # told before the model starts on a request (an
-        # awaitable it returns is awaited first: the start recorded off the event loop)
+        # told before the model starts on a request (an awaitable it returns is awaited
+        # first: the start recorded off the event loop): the callback the request was
+        # submitted with, else this one
+        self.on_start = on_start
+        self._on_start: dict[int, Callable[[Request], object]] = {}   # request uid -> it
         self._starting: list[Awaitable[object]] = []
         self.max_pending, self.max_batch = max_pending, max_batch
         self.stuck_after_s = stuck_after_s
@@ -84,14 +87,20 @@ class Scheduler:
     def inflight(self) -> int:
         return len(self._inflight)
 
-    def submit(self, request: Request, recovered: bool = False) -> asyncio.Future[Answer] | None:
+    def submit(self, request: Request, recovered: bool = False,
+               on_start: Callable[[Request], object] | None = None
+               ) -> asyncio.Future[Answer] | None:
         """Queue a request; the future of its answer, or None when the queue is full or
         intake has stopped (a request recovered from the journal after a restart was
-        accepted before: it always fits). Call from the event loop."""
+        accepted before: it always fits). ``on_start``: what the adapter does when the
+        model is about to start on it (its journal counts the attempt). Call from the
+        event loop."""
         if self._stopping or (not recovered and len(self.queue) >= self.max_pending):
             return None
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._futures[request.uid] = future
+        if on_start is not None:
+            self._on_start[request.uid] = on_start
         self.queue.append(request)
         self._wake.set()
         if self.decoder.free:
@@ -147,8 +156,9 @@ class Scheduler:
                                           "queue.request_timeout_s)"))
                 continue
             try:
-                if self.on_start is not None:
-                    started = self.on_start(req)
+                on_start = self._on_start.pop(req.uid, None) or self.on_start
+                if on_start is not None:
+                    started = on_start(req)
                     if inspect.isawaitable(started):
                         self._starting.append(started)
             except Exception:   # bookkeeping must not keep a request from running
@@ -167,6 +177,7 @@ class Scheduler:
     def _reply_answer(self, answer: Answer) -> None:
         """Resolve the request's future; the observer sees every answer (metrics)."""
         future = self._futures.pop(answer.request.uid, None)
+        self._on_start.pop(answer.request.uid, None)   # answered before it started
         if future is not None and not future.done():
             future.set_result(answer)
         try:

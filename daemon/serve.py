@@ -28,7 +28,6 @@ from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.outbox import Outbox
 from rung.daemon.plc.handshake import HandshakeAgent
 from rung.daemon.plc.maps import load_plc_map
-from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
 from rung.daemon.supervise import Supervisor
@@ -163,8 +162,6 @@ class Service:
         for agent in self.agents:   # PLC link states said again on every connection
             self.link.on_connected(agent.link_state.republish)
         self.opcua_server = self._opcua_server() if cfg.opcua_server.enabled else None
-        # the intake and the OPC UA server (both built now) count the scheduler's starts
-        self.scheduler.on_start = self._on_start
         for part in (self.fleet, self.sparkplug):
             if part is not None:
                 part.oversize.observe = self.metrics.payload_refused
@@ -191,15 +188,6 @@ class Service:
         return RungServer(c.opcua_server, self.runner.tasks, self.scheduler.submit, status,
                           c.mqtt.base_topic, c.mqtt.client_id, c.mqtt.max_payload_bytes,
                           c.queue.request_timeout_s, self.journal, c.journal.max_attempts)
-
-    def _on_start(self, req: Request) -> asyncio.Future[None] | None:
-        """The scheduler's ``on_start``: the start of a journaled request counted (an MQTT
-        request's by the intake, an OPC UA call's by the OPC UA server)."""
-        if self.opcua_server is not None:
-            started = self.opcua_server.call_started(req)
-            if started is not None:
-                return started
-        return self.intake.started(req)
 
     def _observe(self, a: Answer) -> None:
         """Every answer the scheduler gives (MQTT and PLC requests alike), in the metrics."""

@@ -165,7 +165,8 @@ class MqttIntake:
             link.hold = self.journal.settled
 
     def started(self, req: Request) -> asyncio.Future[None] | None:
-        """The scheduler's ``on_start``: count the attempt before the model starts (a
+        """Told by the scheduler when the model is about to start on one of this intake's
+        requests (``submit(..., on_start=)``): count the attempt before the model starts (a
         poison message is recognised after a restart). With the journal attached, the
         future the scheduler awaits before it starts the model (it never raises)."""
         m = self._open.get(req.uid)
@@ -244,7 +245,7 @@ class MqttIntake:
         ``_open`` until answered; the scheduler starts it from the event loop, after this
         returns, so ``started`` finds it."""
         req = m.request
-        future = self.scheduler.submit(req, recovered)
+        future = self.scheduler.submit(req, recovered, on_start=self.started)
         if future is None:
             self._answer(m, Answer(req, False, "busy", f"queue full "
                                    f"({self.cfg.queue.max_pending} pending); retry later"))

@@ -76,7 +76,9 @@ _POLICIES = {"None": ua.SecurityPolicyType.NoSecurity,
              "Basic256Sha256_Sign": ua.SecurityPolicyType.Basic256Sha256_Sign,
              "Basic256Sha256_SignAndEncrypt":
                  ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt}
-Submit = Callable[[Request, bool], "asyncio.Future[Answer] | None"]   # (request, recovered)
+# (request, recovered, on_start: told when the model is about to start on it)
+Submit = Callable[[Request, bool, Callable[[Request], object]],
+                  "asyncio.Future[Answer] | None"]
 
 
 def read_users(path: Path) -> dict[str, str]:
@@ -339,8 +341,9 @@ class RungServer:
             log.warning("opcua call %d: its answer could not be kept (%s)", seq, e)
 
     def call_started(self, req: Request) -> asyncio.Future[None] | None:
-        """The scheduler's ``on_start`` for a journaled call: its attempt counted before
-        the model starts (a call the daemon keeps dying on is quarantined)."""
+        """Told by the scheduler when the model is about to start on a call: a journaled
+        call's attempt counted before the model starts (a call the daemon keeps dying on
+        is quarantined)."""
         seq = self._open.get(req.uid)
         if seq is None or self.journal is None:
             return None
@@ -365,7 +368,7 @@ class RungServer:
         """Through the scheduler; the answer kept in the journal (journaled calls)."""
         task = parsed.request.task
         req = replace(parsed.request, ref=f"opcua call {seq}")
-        future = self.submit(req, recovered)
+        future = self.submit(req, recovered, self.call_started)
         if future is None:   # not kept: the same id may be sent again, and then runs
             text = rq.error_response(parsed.reply, task, "busy", "queue full").decode()
             await self._settle(seq, text, "busy", keep=False)

@@ -408,3 +408,26 @@ def test_submit_returns_the_future_of_its_answer() -> None:
         assert seen == answers          # the observer sees each answer once
         await s.stop(1.0)
     _run(body)
+
+
+def test_a_request_carries_its_own_start_callback() -> None:
+    """Each adapter hands the scheduler what to do when the model starts on its request
+    (``submit(..., on_start=)``): that one is told, not the scheduler-wide one, and a
+    request answered before it starts (expired) leaves no callback behind."""
+    async def body() -> None:
+        answers: list[Answer] = []
+        told: list[tuple[str, int]] = []
+        s = _sched(FakeRunner(), answers, max_pending=10,
+                   on_start=lambda r: told.append(("scheduler", _seq(r))))
+        s.submit(_req(1), on_start=lambda r: told.append(("mqtt", _seq(r))))
+        s.submit(_req(2))
+        s.submit(_req(3, deadline_in=-1.0), on_start=lambda r: told.append(("late", _seq(r))))
+        s.submit(_req(4), on_start=lambda r: told.append(("opcua", _seq(r))))
+        task = s.start()
+        await _until(lambda: len(answers) == 4)
+        assert sorted(told) == [("mqtt", 1), ("opcua", 4), ("scheduler", 2)]
+        assert {_seq(a.request): a.code for a in answers}[3] == "expired"
+        assert not s._on_start
+        await s.stop(1.0)
+        assert task.done()
+    _run(body)

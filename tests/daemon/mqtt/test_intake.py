@@ -38,14 +38,18 @@ class FakeScheduler:
         self.room = room
         self.taken: list[tuple[Request, bool, asyncio.Future[Answer]]] = []
         self.broken = False   # submit raises (a bug behind the intake)
+        self.on_start: dict[int, Callable[[Request], object] | None] = {}   # by request uid
 
-    def submit(self, req: Request, recovered: bool = False) -> asyncio.Future[Answer] | None:
+    def submit(self, req: Request, recovered: bool = False,
+               on_start: Callable[[Request], object] | None = None
+               ) -> asyncio.Future[Answer] | None:
         if self.broken:
             raise RuntimeError("submit broken")
         if len(self.taken) >= self.room:
             return None
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self.taken.append((req, recovered, future))
+        self.on_start[req.uid] = on_start
         return future
 
     @property
@@ -127,6 +131,8 @@ def test_a_request_is_recorded_routed_and_its_answer_recorded(tmp_path: Path) ->
         assert (req.ref, req.task, req.input, req.seed, req.session) == (
             f"mqtt request {row.seq}", "st_code", {"spec": "fill"}, 4, "s")
         assert not recovered and r.answers() == []
+        # the intake hands its start callback with the request (its journal counts it)
+        assert r.scheduler.on_start[req.uid] == r.intake.started
         future.set_result(Answer(req, True, output={"x": 1}, validation={"ok": True},
                                  usage={"prompt_tokens": 5, "completion_tokens": 2,
                                         "ttft_ms": 3.0, "steps": 2}))

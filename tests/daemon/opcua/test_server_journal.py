@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -58,13 +58,14 @@ class Counted:
 
     def __init__(self, runner: TaskRunner) -> None:  # noqa: F811
         self.server: RungServer | None = None
-        self.scheduler = Scheduler(runner, lambda a: None, 4,
-                                   on_start=lambda r: self.server and self.server.call_started(r))
+        self.scheduler = Scheduler(runner, lambda a: None, 4)
         self.submitted: list[Request] = []
 
-    def submit(self, req: Request, recovered: bool = False) -> asyncio.Future[Answer] | None:
+    def submit(self, req: Request, recovered: bool = False,
+               on_start: Callable[[Request], object] | None = None
+               ) -> asyncio.Future[Answer] | None:
         self.submitted.append(req)
-        return self.scheduler.submit(req, recovered)
+        return self.scheduler.submit(req, recovered, on_start)
 
 
 async def _call(endpoint: str, method: str, request: str, timeout: float = 120) -> str:
@@ -140,13 +141,16 @@ def test_a_call_cut_short_by_a_stop_runs_once_after_the_restart(
         taken: asyncio.Event = asyncio.Event()
         servers: list[RungServer] = []
 
-        def start(req: Request) -> None:   # the scheduler's on_start: the start counted
-            started = servers[0].call_started(req)
-            assert started is not None
-            started.add_done_callback(lambda _: taken.set())
+        def hang(req: Request, recovered: bool = False,
+                 on_start: Callable[[Request], object] | None = None
+                 ) -> asyncio.Future[Answer]:
+            def start() -> None:   # as the scheduler does, later: the start counted
+                assert on_start is not None
+                started = on_start(req)
+                assert isinstance(started, asyncio.Future)
+                started.add_done_callback(lambda _: taken.set())
 
-        def hang(req: Request, recovered: bool = False) -> asyncio.Future[Answer]:
-            asyncio.get_running_loop().call_soon(start, req)   # as the scheduler: later
+            asyncio.get_running_loop().call_soon(start)
             return asyncio.get_running_loop().create_future()
 
         async with serving(cfg, journal, hang, runner.tasks) as server:
