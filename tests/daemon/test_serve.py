@@ -309,15 +309,16 @@ def test_invalid_output_carries_output_and_validation(broker: Broker, edge_engin
 def test_a_retry_that_passes_is_answered_ok(tmp_path: Path, broker: Broker,
                                             edge_engine: Path) -> None:
     """The same requests with retries off fail validation where the greedy answer uses an
-    undeclared name; with them on, resampling finds the declared one, and the reply says
-    after how many tries."""
+    undeclared name (names that begin like the declared ``x``, so that the model's first
+    token does not decide); with them on, resampling finds the declared one, and the reply
+    says after how many tries."""
     inputs = [f"Program {i}: set the counter, then the flag {i}." for i in range(6)]
     outcomes = {}
     for attempts in (1, 4):
         root = tmp_path / f"a{attempts}"
         root.mkdir()
         daemon = _probe_daemon(root, edge_engine, broker.port,
-                               '"y := 1;", "z := 1;", "w := 1;", "x := 1;"',
+                               '"xCount := 1;", "xFlag := 1;", "xTotal := 1;", "x := 1;"',
                                retries={"attempts": attempts, "temperature": 2.0})
         daemon.start()
         req = Requester(broker.port)
@@ -359,9 +360,13 @@ def test_message_expiry_is_honoured(served: tuple[Broker, Daemon]) -> None:
     broker, _ = served
     req = Requester(broker.port, v5=True)
     try:
-        blocks = 6   # ~0.3 s of work each here (the prefix cache serves the prompt head)
+        # work that outlasts the expiry: hand-written ST requests (long answers, retried
+        # when they fail their checks), as many as the queue takes beside the late one
+        blocks = 7
+        written = json.loads((Path(__file__).resolve().parents[1] / "data" /
+                              "handwritten.json").read_text())["st_code"]
         for i in range(blocks):
-            req.send("st_code", {"input": ST_INPUT}, correlation=f"block-{i}",
+            req.send("st_code", {"input": written[i]}, correlation=f"block-{i}",
                      response_topic=req.reply_topic)
         req.send("st_code", SHORT, correlation="late", response_topic=req.reply_topic,
                  expiry=1)
@@ -583,13 +588,24 @@ def test_continuous_batching_in_the_daemon(broker: Broker, edge_engine: Path,
         assert body["ok"] or body["error"]["code"] == "truncated"
 
 
-def test_ffn_skip_ratio_reaches_the_metrics(served: tuple[Broker, Daemon]) -> None:
-    """The demo model's trained gates skip FFNs at batch 1; the ratio is measured per
+def test_ffn_skip_ratio_reaches_the_metrics(broker: Broker, gated_engine: Path,
+                                            tmp_path: Path) -> None:
+    """A model trained with FFN gates skips FFNs at batch 1; the ratio is measured per
     answer and exported."""
-    _, daemon = served
-    port = yaml.safe_load(daemon.config.read_text())["metrics"]["port"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
+    port = free_port()
+    daemon = Daemon(write_config(tmp_path, gated_engine, broker.port,
+                                 metrics={"port": port}))
+    daemon.start()
+    req = Requester(broker.port, v5=True)
+    try:
+        req.send("st_code", {"input": ST_INPUT, "max_tokens": 24}, correlation="g",
+                 response_topic=req.reply_topic)
+        req.wait(1, 120)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    finally:
+        req.close()
+        daemon.stop()
     line = next(x for x in text.splitlines() if x.startswith("rung_ffn_skip_ratio "))
     assert 0.0 < float(line.split()[1]) < 1.0
 
