@@ -492,7 +492,9 @@ def _handshake(values: dict[str, Any], key: str) -> Handshake:
     return hs
 
 
-def _limits(values: dict[str, Any], key: str) -> dict[str, float] | None:
+def point_limits(values: dict[str, Any], key: str) -> dict[str, float] | None:
+    """A point's limits, in order (``LIMIT_KEYS``), or None: one rule for register and
+    node maps (one point model)."""
     given = [(name, values[name]) for name in LIMIT_KEYS if name in values]
     for (low, a), (high, b) in pairwise(given):
         if b < a:
@@ -547,7 +549,7 @@ _POINT = {
     "scale": keyed.number(lambda v: v != 0, "a non-zero number"),
     "offset": keyed.number(),
     "unit": keyed.text(16, nullable=True),
-    "limits": keyed.section(_limits, _LIMITS, nullable=True),
+    "limits": keyed.section(point_limits, _LIMITS, nullable=True),
     "description": keyed.text(200, nullable=True),
 }
 _WRITABLE = {"table": keyed.choice(*TABLES), "address": keyed.integer(0, 0xFFFF),

@@ -20,7 +20,6 @@ import re
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from rung.daemon.modbus.regmap import (
     MAX_POINTS,
     NAME_PATTERN,
     History,
+    point_limits,
 )
 from rung.engines.errors import RungError
 
@@ -277,15 +277,6 @@ def _handshake(values: dict[str, Any], key: str) -> NodeHandshake:
     return hs
 
 
-def _limits(values: dict[str, Any], key: str) -> dict[str, float] | None:
-    given = [(name, values[name]) for name in LIMIT_KEYS if name in values]
-    for (low, a), (high, b) in pairwise(given):
-        if b < a:
-            raise keyed.Invalid(f"{key}.{high}", f"expected >= {key}.{low} ({a:g}), got {b:g}",
-                                f"limits go {' <= '.join(LIMIT_KEYS)}")
-    return dict(given) or None
-
-
 def _point(v: Any, key: str) -> NodePoint:
     values = keyed.fields(v, key, _POINT, ("name", "node"))
     if values.get("type") == "bool":
@@ -317,7 +308,7 @@ _POINT = {
     "scale": keyed.number(lambda v: v != 0, "a non-zero number"),
     "offset": keyed.number(),
     "unit": keyed.text(16, nullable=True),
-    "limits": keyed.section(_limits, {name: keyed.number() for name in LIMIT_KEYS},
+    "limits": keyed.section(point_limits, {name: keyed.number() for name in LIMIT_KEYS},
                             nullable=True),
     "description": keyed.text(200, nullable=True),
 }
