@@ -453,6 +453,13 @@ def check(output: Mapping[str, Any], data: Mapping[str, Any],
     if faults and not f.faults_possible:
         err("faults", "health_assessment", "every point is normal (or not judged by limits): "
             "no fault can be asserted")
+    asserted: dict[str, int] = {}
+    for i, h in enumerate(faults):   # one entry per fault, its evidence together
+        key = " ".join(str(h.get("fault", "")).lower().split())
+        if key in asserted:
+            err("faults", f"health_assessment/{i}/fault",
+                f"{h.get('fault')!r} is asserted twice (health_assessment/{asserted[key]})")
+        asserted.setdefault(key, i)
 
     # priority: at least the minimum for the worst state; the normal one with nothing to cite
     allowed = priorities(f, minimum)

@@ -293,6 +293,19 @@ def test_a_right_answer_passes_every_check() -> None:
     assert section["ok"] and section["checks"] == dict.fromkeys(diagnosis.CHECKS, True)
 
 
+def test_a_fault_asserted_twice_is_not_right() -> None:
+    """One entry per fault with its evidence together: the same fault again (any case or
+    spacing) fails the faults check; two different faults pass."""
+    first = _answer()["health_assessment"][0]
+    again = {**first, "fault": "  " + first["fault"].upper() + " ",
+             "evidence": list(reversed(first["evidence"]))}
+    section = _check(_answer(health_assessment=[first, again]))
+    assert _failed(section) == ["faults"], section
+    assert "asserted twice (health_assessment/0)" in section["errors"][0]["message"]
+    other = {**first, "fault": "Cooler fouling"}
+    assert _check(_answer(health_assessment=[first, other]))["ok"]
+
+
 def test_the_finding_fails_on_each_of_its_errors() -> None:
     fault = {"fault": "Clogged suction strainer", "component": "suction strainer",
              "confidence": 0.6}
