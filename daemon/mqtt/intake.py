@@ -41,11 +41,7 @@ from rung.daemon.scheduler import Answer, Scheduler
 from rung.engines.errors import RungError, brief
 
 log = logging.getLogger("rung.serve")   # the ``answered`` lines keep their logger (docs/mqtt.md)
-USAGE_CORE = ("prompt_tokens", "completion_tokens", "cached_tokens", "ttft_ms")
-# fast decoding: decode steps, draft tokens offered, of them grammar-forced, confirmed;
-# receipt to the first token (queue included; ttft_ms is the engine's part)
-USAGE_KEYS = (*USAGE_CORE, "steps", "drafted_tokens", "forced_tokens", "accepted_tokens",
-              "first_token_ms")
+USAGE_CORE, USAGE_KEYS = rq.USAGE_CORE, rq.USAGE_KEYS   # the wire's usage (requests.py)
 
 
 class MqttIntake:
@@ -282,8 +278,7 @@ class MqttIntake:
     def _answer(self, m: MqttRequest, a: Answer) -> None:
         """An MQTT request's answer: recorded, then published by the outbox."""
         req = m.request
-        usage = {k: a.usage.get(k) for k in USAGE_KEYS if k in a.usage or k in USAGE_CORE}
-        usage["total_ms"] = round((time.time() - req.received) * 1000, 1)
+        usage = rq.wire_usage(a)
         if a.ok:
             payload = rq.ok_response(m.reply, req.task, a.output, a.validation, usage,
                                      {"attempts": a.attempts,
@@ -293,15 +288,9 @@ class MqttIntake:
                 "seq": m.seq, "task": req.task, "ok": True, "id": m.reply.id,
                 "session": req.session, **usage}})
             return
-        # an answer that failed a semantic check comes with the output and the validation,
-        # so the engineer sees why it is not trusted (ok stays false)
-        extra: dict[str, Any] = ({"output": a.output, "validation": a.validation}
-                                 if a.code == "invalid_output" else {})
-        if a.usage:   # it reached the model (truncated, invalid_output, internal)
-            extra["usage"] = usage
-            extra["attempts"] = a.attempts
         self.outbox.answer_error(m.seq, m.reply, req.task, a.code or "internal",
-                                 a.message, req.received, extra, req.session)
+                                 a.message, req.received, rq.error_extra(a, usage),
+                                 req.session)
 
     def _formats(self, m: MqttRequest, output: Any) -> dict[str, Any] | None:
         """The extra forms of an answer the request asked for (``output_formats``)."""

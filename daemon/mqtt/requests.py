@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rung.daemon.mqtt.journal import Entry
 from rung.daemon.mqtt.topics import surrogate_path, text_problem, topic_problem
-from rung.daemon.request import Request
+from rung.daemon.request import Answer, Request
 from rung.daemon.tasks.task import TaskError
 
 _FIELDS = {"input", "id", "reply_to", "client", "session", "max_tokens", "temperature",
@@ -236,3 +237,30 @@ def ok_response(reply: Address, task: str, output: Any, validation: Any,
     return json.dumps({"id": reply.id, "task": task, "ok": True, "output": output,
                        "validation": validation, "usage": dict(usage), **(extra or {})},
                       ensure_ascii=False).encode("utf-8", "backslashreplace")
+
+
+# what an answer's usage carries on the wire: the core always, the rest where measured
+USAGE_CORE = ("prompt_tokens", "completion_tokens", "cached_tokens", "ttft_ms")
+# fast decoding: decode steps, draft tokens offered, of them grammar-forced, confirmed;
+# receipt to the first token (queue included; ttft_ms is the engine's part)
+USAGE_KEYS = (*USAGE_CORE, "steps", "drafted_tokens", "forced_tokens", "accepted_tokens",
+              "first_token_ms")
+
+
+def wire_usage(a: Answer) -> dict[str, Any]:
+    """An answer's ``usage`` as every adapter sends it, ``total_ms`` from receipt."""
+    usage = {k: a.usage.get(k) for k in USAGE_KEYS if k in a.usage or k in USAGE_CORE}
+    usage["total_ms"] = round((time.time() - a.request.received) * 1000, 1)
+    return usage
+
+
+def error_extra(a: Answer, usage: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields a failed answer carries beside its error: an answer that failed a
+    semantic check comes with its output and validation (the engineer sees why it is not
+    trusted); one that reached the model with its usage and tries."""
+    extra: dict[str, Any] = ({"output": a.output, "validation": a.validation}
+                             if a.code == "invalid_output" else {})
+    if a.usage:   # it reached the model (truncated, invalid_output, internal)
+        extra["usage"] = dict(usage)
+        extra["attempts"] = a.attempts
+    return extra

@@ -378,14 +378,13 @@ class RungServer:
             a = await future
         finally:
             self._open.pop(req.uid, None)
+        usage = rq.wire_usage(a)   # the answer in the MQTT payload's form, field for field
         if a.ok:
-            text = rq.ok_response(parsed.reply, task, a.output, a.validation, a.usage,
+            text = rq.ok_response(parsed.reply, task, a.output, a.validation, usage,
                                   {"attempts": a.attempts}).decode()
         else:
-            extra = {"output": a.output, "validation": a.validation} \
-                if a.output is not None else None
             text = rq.error_response(parsed.reply, task, a.code or "internal",
-                                     a.message or "", extra).decode()
+                                     a.message or "", rq.error_extra(a, usage)).decode()
         await self._settle(seq, text)
         return text
 
