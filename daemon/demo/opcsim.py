@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from asyncua import ua
-from asyncua.crypto.permission_rules import User, UserRole
 from asyncua.server.server import Server
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from rung.daemon.demo.localbroker import free_port
+from rung.daemon.opcua.server import Users
 
 T = TypeVar("T")
 NAMESPACE = "urn:rung:demo:mixer2"
@@ -52,19 +52,6 @@ POINTS: dict[str, tuple[ua.VariantType, Any]] = {
 PLC_OWNED = ("req", "req_seq")
 
 logging.getLogger("asyncua").setLevel(logging.CRITICAL)   # a line per session and request
-
-
-class _Users:
-    """asyncua's user manager: the given users with their passwords, nobody else."""
-
-    def __init__(self, users: Mapping[str, str]) -> None:
-        self.users = dict(users)
-
-    def get_user(self, iserver: Any, username: str | None = None,
-                 password: str | None = None, certificate: Any = None) -> User | None:
-        if username is not None and self.users.get(username) == password:
-            return User(role=UserRole.User, name=username)
-        return None
 
 
 class SimOpcPlc:
@@ -92,7 +79,7 @@ class SimOpcPlc:
         return f"ns=2;s={ROOT}.Rung.{name}" if name in HANDSHAKE else f"ns=2;s={ROOT}.{name}"
 
     async def start(self) -> None:
-        server = Server(user_manager=_Users(self.users) if self.users else None)
+        server = Server(user_manager=Users(self.users) if self.users else None)
         await server.init()
         server.set_endpoint(self.endpoint)
         server.set_server_name("rung simulated PLC mixer2")

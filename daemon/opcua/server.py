@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import itertools
 import json
 import logging
@@ -104,15 +105,18 @@ def read_users(path: Path) -> dict[str, str]:
     return users
 
 
-class _Users:
-    """asyncua's user manager: the users file's users, nobody else."""
+class Users:
+    """asyncua's user manager: the given users with their passwords, nobody else (rung's
+    server and the demo's simulated PLC)."""
 
     def __init__(self, users: Mapping[str, str]) -> None:
         self.users = dict(users)
 
     def get_user(self, iserver: Any, username: str | None = None,
                  password: str | None = None, certificate: Any = None) -> User | None:
-        if username is not None and self.users.get(username) == password:
+        known = self.users.get(username or "")
+        if username is not None and known is not None and password is not None \
+                and hmac.compare_digest(known.encode(), password.encode()):
             return User(role=UserRole.User, name=username)
         return None
 
@@ -157,7 +161,7 @@ class RungServer:
 
     async def _build(self) -> Server:
         c = self.cfg
-        server = Server(user_manager=_Users(self.users) if self.users else None)
+        server = Server(user_manager=Users(self.users) if self.users else None)
         await server.init()
         server.set_endpoint(c.endpoint)
         server.set_server_name("rung")
