@@ -8,9 +8,18 @@ Layout under ``$RUNG_CACHE/bench/<preset>/`` (default ``~/.cache/rung/bench/<pre
     rung-fp32-kv8/   the same with an fp8 (e4m3, per-token-per-head scales) KV cache
     rung-int8/       ``rung export --weights int8`` (fp32 KV)
     rung-int4/       ``rung export --weights int4`` (fp32 KV)
+    rung-int8-default/, rung-int4-default/
+                     ``rung export --weights int8|int4`` and nothing else: every other option
+                     at its default (``--kv auto``: fp16 KV on the fused graph on the CPU;
+                     ``--max-seq``: the model's, capped at 4096), the engine a user gets
     ortgenai-fp32/   onnxruntime-genai's builder output (``-p fp32 -e cpu``)
     ortgenai-int4/   the same with ``-p int4`` (the builder's defaults: block 32, symmetric,
                      accuracy level 4 on CPU)
+    ortgenai-int8/   the same with ``-p int8``
+    openvino-int4/   ``optimum-cli export openvino --weight-format int4 --sym --group-size 32
+                     --ratio 1.0``: OpenVINO IR with its tokenizer and detokenizer
+    openvino-int8/   the same with ``--weight-format int8`` (per output channel, asymmetric)
+    llamacpp-*/      llama.cpp GGUF files (f32 converted, q8_0/q4_0/q4_k_m quantized)
     logs/            one log per build step
 
 Each step runs in its own process (so the parent never holds torch or 2 GB of weights),
@@ -49,8 +58,18 @@ RUNG_WEIGHTS = {"rung-int8": "int8", "rung-int4": "int4", "rung-int4-head4": "in
                 "rung-int4-kv16": "int4::fp16", "rung-int4-capmin": "int4:::1100",
                 "rung-int4-capmax": "int4:::max", "rung-int4-kv16-capmin": "int4::fp16:1100",
                 "rung-int4-kv16-capmax": "int4::fp16:max", "rung-int4-plain": "int4::::10"}
+# rung artifact kind -> ``rung export --weights``, every other option at its default (what
+# ``rung export MODEL --weights int4`` gives a user: --kv auto, the default --max-seq)
+RUNG_DEFAULT = {"rung-int8-default": "int8", "rung-int4-default": "int4"}
 # onnxruntime-genai artifact kind -> builder ``-p``
-GENAI = {"ortgenai": "fp32", "ortgenai-int4": "int4"}
+GENAI = {"ortgenai": "fp32", "ortgenai-int4": "int4", "ortgenai-int8": "int8"}
+# OpenVINO GenAI artifact kind -> ``optimum-cli export openvino`` weight options. int4:
+# symmetric, 32 input channels per scale, every linear layer in int4 but the embedding and
+# the LM head (NNCF's backup precision, int8: as rung's LM head at 8 bits); int8: NNCF's
+# default, per output channel, asymmetric (int8 takes no group size)
+OPENVINO = {"openvino-int4": ["--weight-format", "int4", "--sym", "--group-size", "32",
+                              "--ratio", "1.0"],
+            "openvino-int8": ["--weight-format", "int8"]}
 # rung artifact kind -> FFN gates: forced (gate bias: + always skips, - never) or calibrated
 # (``--ffn-skip calibrate`` with this --quality-budget)
 RUNG_FFN: dict[str, tuple[str, float]] = {
@@ -59,8 +78,9 @@ RUNG_FFN: dict[str, tuple[str, float]] = {
 # llama.cpp through llama-cpp-python: kind -> GGUF type (f32 converted, the rest quantized)
 LLAMACPP = {"llamacpp-f32": "f32", "llamacpp-q8_0": "q8_0", "llamacpp-q4_0": "q4_0",
             "llamacpp-q4_k_m": "q4_k_m", "llamacpp-original": "original"}
-KINDS = ("hf", *RUNG_KV, *RUNG_WEIGHTS, *RUNG_FFN, *GENAI, *LLAMACPP)
-RUNG_KINDS = (*RUNG_KV, *RUNG_WEIGHTS, *RUNG_FFN)
+KINDS = ("hf", *RUNG_KV, *RUNG_WEIGHTS, *RUNG_DEFAULT, *RUNG_FFN, *GENAI, *OPENVINO,
+         *LLAMACPP)
+RUNG_KINDS = (*RUNG_KV, *RUNG_WEIGHTS, *RUNG_DEFAULT, *RUNG_FFN)
 
 
 @dataclass(frozen=True)
@@ -84,7 +104,8 @@ class Artifacts:
             return self.root / ("rung-fp32" if kv == "fp32" else f"rung-fp32-kv{kv[2:]}")
         if kind in GENAI:
             return self.root / f"ortgenai-{GENAI[kind]}"
-        return {"hf": self.hf, **{k: self.root / k for k in (*RUNG_WEIGHTS, *LLAMACPP)}}[kind]
+        return {"hf": self.hf, **{k: self.root / k for k in (*RUNG_WEIGHTS, *RUNG_DEFAULT,
+                                                             *OPENVINO, *LLAMACPP)}}[kind]
 
     def log(self, kind: str) -> Path:
         return self.root / "logs" / f"build-{kind}.log"
@@ -104,7 +125,8 @@ def is_built(art: Artifacts, kind: str) -> bool:
     d = art.path(kind)
     marker = ("manifest.json" if kind in RUNG_KINDS else
               "genai_config.json" if kind in GENAI else
-              "model.gguf" if kind in LLAMACPP else "model.safetensors")
+              "model.gguf" if kind in LLAMACPP else
+              "openvino_detokenizer.xml" if kind in OPENVINO else "model.safetensors")
     return (d / marker).is_file()
 
 
@@ -114,6 +136,10 @@ def build_command(art: Artifacts, kind: str, tmp: Path) -> list[str]:
         return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(art.hf),
                 "-o", str(tmp), "-p", GENAI[kind], "-e", "cpu", "-c",
                 str(art.root / "ortgenai-cache")]
+    if kind in OPENVINO:   # optimum-cli, next to this interpreter
+        return [str(Path(sys.executable).with_name("optimum-cli")), "export", "openvino",
+                "--model", str(art.hf), "--task", "text-generation-with-past",
+                *OPENVINO[kind], str(tmp)]
     return [sys.executable, str(Path(__file__).resolve()), kind, art.preset, str(tmp)]
 
 
@@ -130,10 +156,14 @@ def build(art: Artifacts, kind: str) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"bench: building {kind} -> {final} (log: {log})", file=sys.stderr, flush=True)
+    # no hub look-ups (the checkpoint is local) and no telemetry from optimum / OpenVINO
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OPENVINO_TELEMETRY_DISABLED="1")
     with open(log, "w") as f:
         rc = subprocess.run(build_command(art, kind, tmp), stdout=f, stderr=subprocess.STDOUT,
-                            check=False).returncode
-    if rc != 0 or not (tmp / "genai_config.json" if kind in GENAI else tmp).exists():
+                            env=env, check=False).returncode
+    done = (tmp / "genai_config.json" if kind in GENAI else
+            tmp / "openvino_detokenizer.xml" if kind in OPENVINO else tmp)
+    if rc != 0 or not done.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
         raise BuildError(f"building {kind} failed (exit {rc}); see {log}\n{tail}")
     shutil.rmtree(final, ignore_errors=True)
@@ -188,6 +218,16 @@ def _build_rung(preset: str, out: Path, kv: str, weights: str = "fp32") -> None:
         **({"quality_budget": float(budget)} if budget else {})))
     print(f"exported engine {manifest.engine_id}; parity {manifest.parity}; "
           f"kv {manifest.kv}; quantization {manifest.quantization}")
+
+
+def _build_rung_default(preset: str, out: Path, weights: str) -> None:
+    """``rung export HF --weights WEIGHTS``: nothing else given."""
+    from rung.export.exporter import ExportOptions, export
+
+    manifest = export(locate(preset).hf, out, ExportOptions(weights=weights))
+    print(f"exported engine {manifest.engine_id}; parity {manifest.parity}; "
+          f"kv {manifest.kv}; max_seq {manifest.dims.max_seq}; "
+          f"quantization {manifest.quantization}")
 
 
 def calib_text(path: Path, n_lines: int = 2000, seed: int = 0) -> Path:
@@ -308,6 +348,8 @@ if __name__ == "__main__":
         _build_rung(preset_name, Path(out_dir), RUNG_KV[step])
     elif step in RUNG_WEIGHTS:
         _build_rung(preset_name, Path(out_dir), "fp32", RUNG_WEIGHTS[step])
+    elif step in RUNG_DEFAULT:
+        _build_rung_default(preset_name, Path(out_dir), RUNG_DEFAULT[step])
     elif step in LLAMACPP:
         _build_llamacpp(preset_name, Path(out_dir), LLAMACPP[step])
     else:

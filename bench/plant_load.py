@@ -1,7 +1,8 @@
 """Plant load against the seed SLAs: P99 time to first token <= 120 ms, peak RSS <= 1.8 GB,
 engine load <= 800 ms.
 
-    .venv/bin/python bench/plant_load.py [--engine demo|smollm2|q05-int4|DIR] [--build]
+    .venv/bin/python bench/plant_load.py [--engine demo|smollm2|q05-int4|q05-int4-default|DIR]
+        [--build]
         [--plcs 2] [--plc-per-min 1] [--rate 12] [--duration 240] [--sweep 6,12,24,48,96]
         [--mix diagnosis=50,st_code=30,fault_tree=20] [--max-batch 1] [--threads 0]
         [--memory-budget-mb 4096] [--seed 0] [--quick] [--tag TAG] [--out bench/results]
@@ -29,7 +30,9 @@ MQTT rates in turn on one daemon and stops after the first whose P99 TTFT is ove
 The default (the demo model, 2 PLCs at 1/min, 12 requests/min, 240 s) takes about 5
 minutes; ``--quick`` (1 PLC, 40 s) about one. ``smollm2`` exports SmolLM2-135M-Instruct
 (tests/real_checkpoint.py's GGUF) with ``rung export``'s defaults once; ``q05-int4`` is
-bench/artifacts.py's 0.5B-shape int4 engine, built only with ``--build`` (slow on 2 cores).
+bench/artifacts.py's 0.5B-shape int4 engine (fp32 KV, max_seq 2048) and ``q05-int4-default``
+its default int4 export (``rung export --weights int4``: fp16 KV, max_seq 4096), each built
+only with ``--build`` (slow on 2 cores).
 Writes ``<out>/<date>-plant-load[-TAG].{json,md}``.
 """
 
@@ -82,11 +85,15 @@ def resolve_engine(kind: str, build: bool) -> Path:
     """The engine directory ``--engine`` names (exported or built where allowed)."""
     if kind == "demo":
         return engine_dir(None)
-    if kind == "q05-int4":
+    if kind in ("q05-int4", "q05-int4-default"):
+        built = kind.replace("q05-", "rung-")   # bench/artifacts.py's kind
         art = artifacts.locate("qwen2.5-0.5b")
-        if not artifacts.is_built(art, "rung-int4") and not build:
-            sys.exit(f"{art.path('rung-int4')} is not built: add --build (slow)")
-        return artifacts.ensure("qwen2.5-0.5b", ("rung-int4",))[0].path("rung-int4")
+        if not artifacts.is_built(art, built) and not build:
+            sys.exit(f"{art.path(built)} is not built: add --build (slow)")
+        art, errors = artifacts.ensure("qwen2.5-0.5b", (built,))
+        if errors:
+            sys.exit(f"building {built} failed: {errors}")
+        return art.path(built)
     if kind == "smollm2":
         out = artifacts.cache_root() / "smollm2-135m" / "plant-default"
         if not (out / "manifest.json").is_file():
@@ -356,8 +363,10 @@ def markdown(rec: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engine", default="demo", help="demo | smollm2 | q05-int4 | a directory")
-    ap.add_argument("--build", action="store_true", help="build a missing q05-int4 engine")
+    ap.add_argument("--engine", default="demo",
+                    help="demo | smollm2 | q05-int4 | q05-int4-default | a directory")
+    ap.add_argument("--build", action="store_true",
+                    help="build a missing q05-int4 / q05-int4-default engine")
     ap.add_argument("--plcs", type=int, help="simulated PLCs (2; --quick 1)")
     ap.add_argument("--plc-per-min", type=float, default=1.0, help="triggers per PLC a minute")
     ap.add_argument("--rate", type=float, default=12.0, help="MQTT requests a minute")

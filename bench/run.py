@@ -26,14 +26,15 @@ import report
 import roofline
 import workers
 
-ENGINES = ("rung", "rung-kv16", "rung-kv8", *artifacts.RUNG_WEIGHTS, *artifacts.RUNG_FFN, "hf",
-           *artifacts.GENAI, *artifacts.LLAMACPP)
+ENGINES = ("rung", "rung-kv16", "rung-kv8", *artifacts.RUNG_WEIGHTS, *artifacts.RUNG_DEFAULT,
+           *artifacts.RUNG_FFN, "hf", *artifacts.GENAI, *artifacts.OPENVINO, *artifacts.LLAMACPP)
 DEFAULT_ENGINES = ("rung", "hf", "ortgenai")
 # engine -> artifact kind; the rung-kv* engines are rung with an fp16 / fp8 KV cache
 ARTIFACT = {e: e for e in ENGINES}
 # engine -> weight precision (fp32 unless listed)
 WEIGHTS = {**{k: v.partition(":")[0] for k, v in artifacts.RUNG_WEIGHTS.items()},
-           **artifacts.GENAI,
+           **artifacts.RUNG_DEFAULT, **artifacts.GENAI,
+           **{k: k.rpartition("-")[2] for k in artifacts.OPENVINO},
            **{k: {"f32": "fp32", "q8_0": "int8", "q4_0": "int4", "q4_k_m": "int4",
                   "original": "int4"}[v]
               for k, v in artifacts.LLAMACPP.items()}}

@@ -5,6 +5,9 @@ Every engine is driven through the same three calls, so the timed regions match:
     reset(max_len)   fresh KV state for one sequence (untimed)
     prefill(ids)     run the prompt and pick the first token by argmax (timed: prefill, TTFT)
     step(token)      run one token against the cache and pick the next one (timed: decode)
+
+except OpenVINO GenAI, whose pipeline generates a whole sequence per call: it times the same
+regions itself (``timed_prefill``, ``timed_decode``; ``OpenVinoRunner``).
 """
 
 from __future__ import annotations
@@ -216,8 +219,78 @@ class LlamaCppRunner:
         return np.stack(rows).astype(np.float32)
 
 
+class OpenVinoRunner:
+    """OpenVINO GenAI's ``LLMPipeline`` on the CPU, fed token ids (an ``ov.Tensor``, no
+    tokenizer run), greedy, ``min_new_tokens = max_new_tokens`` and ``ignore_eos`` so an EOS
+    never ends a run early. The pipeline runs a whole generation per ``generate`` call, so
+    the timed regions are cut from inside one call:
+
+    - prefill: wall clock around ``generate(ids, max_new_tokens=1)``: run the prompt, pick
+      the first token (as the other engines' ``prefill``); genai's own TTFT is kept beside it;
+    - decode: ``generate(ids[:C], max_new_tokens=steps + 1)``; its time stamps of each new
+      token (``perf_metrics.raw_metrics.m_new_token_times``, taken in the generation loop
+      as each token is selected): the last minus the first = ``steps`` single-token steps,
+      each running the previous token and selecting the next (the other engines' ``step``).
+
+    The pipeline is the CPU default, paged attention with continuous batching, but with
+    prefix caching off: its default keeps the KV blocks of earlier requests and would serve
+    every repeated prompt from them (a scheduler config as its default otherwise:
+    unlimited tokens per batch). Device defaults otherwise (KV cache and inference
+    precision as the CPU plugin chooses them; recorded in the result)."""
+
+    timed = True
+
+    def __init__(self, model_dir: Path, threads: int) -> None:
+        import openvino as ov
+        import openvino_genai as ov_genai
+
+        self.ov, self.genai = ov, ov_genai
+        sched = ov_genai.SchedulerConfig()
+        sched.max_num_batched_tokens = 2**63 - 1   # as the pipeline's latency default
+        sched.enable_prefix_caching = False
+        self.pipe = ov_genai.LLMPipeline(str(model_dir), "CPU", scheduler_config=sched,
+                                         INFERENCE_NUM_THREADS=threads)
+        core = ov.Core()
+        self.info = {"openvino": ov.get_version(), "attention": "paged (continuous batching)",
+                     "prefix_caching": False, "inference_num_threads": threads,
+                     **{k: str(core.get_property("CPU", k)) for k in (
+                         "INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION",
+                         "DYNAMIC_QUANTIZATION_GROUP_SIZE", "PERFORMANCE_HINT")}}
+        self.genai_ttft_ms: list[float] = []   # genai's own TTFT of each timed prefill
+
+    def _generate(self, ids: np.ndarray, new: int) -> Any:
+        cfg = self.genai.GenerationConfig()
+        cfg.max_new_tokens = cfg.min_new_tokens = new
+        cfg.ignore_eos = True
+        cfg.do_sample = False
+        return self.pipe.generate(self.ov.Tensor(np.ascontiguousarray(ids[None, :])), cfg)
+
+    def timed_prefill(self, ids: np.ndarray) -> float:
+        t0 = time.perf_counter()
+        res = self._generate(ids, 1)
+        wall = time.perf_counter() - t0
+        self.genai_ttft_ms.append(float(res.perf_metrics.get_ttft().mean))
+        return wall
+
+    def timed_decode(self, ids: np.ndarray, steps: int) -> tuple[float, list[int]]:
+        res = self._generate(ids, steps + 1)
+        stamps = list(res.perf_metrics.raw_metrics.m_new_token_times)
+        tokens = [int(t) for t in res.tokens[0]]
+        if len(stamps) != steps + 1 or len(tokens) != steps + 1:
+            raise RuntimeError(f"openvino: {len(tokens)} tokens, {len(stamps)} time stamps "
+                               f"for {steps + 1} new tokens")
+        return stamp_seconds(stamps[-1]) - stamp_seconds(stamps[0]), tokens
+
+
+def stamp_seconds(stamp: Any) -> float:
+    """A genai time stamp as seconds (pybind hands a time point over as a ``datetime``)."""
+    return float(stamp.timestamp() if hasattr(stamp, "timestamp") else stamp)
+
+
 RUNNERS: dict[str, Any] = {"hf": HfRunner, "ortgenai": GenaiRunner,
-                           "ortgenai-int4": GenaiRunner, "llamacpp-f32": LlamaCppRunner,
+                           "ortgenai-int4": GenaiRunner, "ortgenai-int8": GenaiRunner,
+                           "openvino-int4": OpenVinoRunner, "openvino-int8": OpenVinoRunner,
+                           "llamacpp-f32": LlamaCppRunner,
                            "llamacpp-q8_0": LlamaCppRunner,
                            "llamacpp-q4_0": LlamaCppRunner,
                            "llamacpp-q4_k_m": LlamaCppRunner,
@@ -226,6 +299,8 @@ RUNNERS: dict[str, Any] = {"hf": HfRunner, "ortgenai": GenaiRunner,
 
 # -- measurement -----------------------------------------------------------------------------
 def time_prefill(runner: Runner, ids: np.ndarray) -> float:
+    if getattr(runner, "timed", False):
+        return float(runner.timed_prefill(ids))  # type: ignore[attr-defined]
     runner.reset(len(ids) + 1)
     t0 = time.perf_counter()
     runner.prefill(ids)
@@ -234,6 +309,9 @@ def time_prefill(runner: Runner, ids: np.ndarray) -> float:
 
 def time_decode(runner: Runner, ids: np.ndarray, steps: int) -> tuple[float, list[int]]:
     """Prefill ``ids`` (untimed), then time ``steps`` greedy decode steps."""
+    if getattr(runner, "timed", False):
+        seconds, tokens = runner.timed_decode(ids, steps)  # type: ignore[attr-defined]
+        return float(seconds), list(tokens)
     runner.reset(len(ids) + steps + 1)
     tokens = [runner.prefill(ids)]
     t0 = time.perf_counter()
@@ -273,6 +351,9 @@ def run_worker(engine: str, model_dir: Path, vocab: int, w: Workload) -> dict[st
     runner = cls(model_dir, w.threads)
     load_s = time.perf_counter() - t0
     result = measure(runner, ids, w)
+    if hasattr(runner, "genai_ttft_ms"):   # OpenVINO: its settings, its own TTFT
+        result["engine_info"] = runner.info
+        result["prefill"]["engine_ttft_ms"] = runner.genai_ttft_ms
     if getattr(runner, "token_batches", False):
         result["prefill"]["note"] = "one token per batch (batched quantized decode crashes)"
     if w.logits_ids and w.logits_out and hasattr(runner, "logits"):

@@ -107,28 +107,30 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
                   for k in keys[keys.index("body") + 1:]]
 
     prefix = _st_prefix(s, data)
+    # the setpoints code declared hold the request's values: the body reads them, never
+    # assigns them
+    fixed = [v["name"] for v in st_request.declared(data)[1]] if prefix else []
 
     def restage(text: str) -> Lark | None:
         found = st_grammar.head_pou(text)
         body = None if found is None else st_grammar.body_grammar(*found, after_body,
-                                                                  numbers)
+                                                                  numbers, fixed)
         return None if body is None else Lark(body)
 
     return Shape(s, prefix, restage=restage, restage_at='"', names=st_grammar.names_at)
 
 
 def _st_prefix(schema: Schema, data: Mapping[str, Any]) -> str:
-    """The answer's start when the request states its interface (``st_request.interface``):
-    type, name and the stated variables, written by code; the model goes on with more
-    variables or closes the list. Only where the schema puts nothing between the name and
-    the variables that the answer may need (a FUNCTION's return type)."""
-    declared = st_request.interface(data)
+    """The answer's start when the request fixes the POU's type and name and states its
+    interface or values (``st_request.declared``): type, name, the stated variables and a
+    setpoint per stated value, written by code; the model goes on with more variables or
+    closes the list. Only where the schema puts nothing between the name and the variables
+    that the answer may need (a FUNCTION's return type)."""
+    declared = [v for part in st_request.declared(data) for v in part]
     props = schema.get("properties") or {}
     keys = list(props)
     pou_type, name = data.get("pou_type"), data.get("name")
-    if (not declared or not isinstance(pou_type, str) or not isinstance(name, str)
-            or pou_type == "FUNCTION" or keys[:2] != ["pou_type", "name"]
-            or "variables" not in keys):
+    if not declared or keys[:2] != ["pou_type", "name"] or "variables" not in keys:
         return ""
     between = keys[2:keys.index("variables")]
     if any(k in (schema.get("required") or ()) for k in between):

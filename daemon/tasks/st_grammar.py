@@ -27,7 +27,7 @@ The validators stay the judge: the grammar is a subset of what they accept, not 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from rung.daemon.tasks.st import (
@@ -148,14 +148,17 @@ def _literal_rule(numbers: Sequence[str] | None) -> list[str]:
 
 
 def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = (),
-                 numbers: Sequence[str] | None = None) -> str | None:
+                 numbers: Sequence[str] | None = None,
+                 fixed: Collection[str] = ()) -> str | None:
     """The Lark grammar for the whole answer: ``head`` (the text up to and including
     ``"body":"``) as written, a body over ``pou``'s declarations, the closing quote, the
     properties the schema puts after the body (``after``: key, schema, required; compact
     JSON, in order) and the brace. None when the declarations cannot carry a grammar (no
     usable name: the validators will say why). A VAR_INPUT is read, never assigned.
     ``numbers``: the only numeric literals the body may write (the request's stated
-    values, ``st_request.literals``); None: any."""
+    values, ``st_request.literals``); None: any. ``fixed``: variables read, never assigned
+    (the setpoints code declared from the request's values)."""
+    fixed_upper = {f.upper() for f in fixed}
     plain: list[str] = []      # variables used as values
     writable: list[str] = []   # ... and as assignment targets (not VAR_INPUT)
     arrays: list[str] = []
@@ -174,7 +177,7 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
             arrays.append(name)
         else:
             plain.append(name)
-            if v.get("section") != "VAR_INPUT":
+            if v.get("section") != "VAR_INPUT" and name.upper() not in fixed_upper:
                 writable.append(name)
                 if _is_integer_like(vtype):
                     integers.append(name)

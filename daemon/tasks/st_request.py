@@ -197,11 +197,22 @@ def _used(pou_text: str) -> tuple[set[float], set[float]]:
     return {float(n) for n in _NUMBER.findall(plain)}, seconds
 
 
-def values_used(stated: Stated, pou_text: str) -> dict[str, Any]:
-    """Each value stated with a unit appears in the POU: a duration as a TIME literal of
-    the same length (or its number), anything else as the number (a percentage also as a
-    fraction)."""
-    numbers, seconds = _used(pou_text)
+def _effective(pou: Mapping[str, Any]) -> str:
+    """The POU's values that act: the body's code and the initial values of the variables
+    it refers to (a setpoint declared and never read does nothing)."""
+    code = re.sub(r"\(\*.*?\*\)|//[^\n]*", " ", str(pou.get("body", "")), flags=re.S)
+    refs = {w.upper() for w in re.findall(r"[A-Za-z_]\w*", code)}
+    initials = [str(v.get("initial")) for v in pou.get("variables") or []
+                if isinstance(v, Mapping) and v.get("initial") is not None
+                and str(v.get("name", "")).upper() in refs]
+    return "\n".join([code, *initials])
+
+
+def values_used(stated: Stated, pou: Mapping[str, Any]) -> dict[str, Any]:
+    """Each value stated with a unit is used by the POU: the body writes it, or reads a
+    variable declared with it; a duration as a TIME literal of the same length (or its
+    number), anything else as the number (a percentage also as a fraction)."""
+    numbers, seconds = _used(_effective(pou))
     missing = []
     for v in stated.with_units:
         secs = v.seconds
@@ -287,3 +298,110 @@ def interface(data: Mapping[str, Any]) -> list[dict[str, str]]:
                 v["initial"] = initial.upper() if initial.isalpha() else initial
             out.append(v)
     return out
+
+
+# -- the values a request states, declared by code -------------------------------------------
+
+# words that say nothing of what a value is for (a setpoint's name keeps the others)
+_FILLER = frozenset("""a an the at to of is are be been being when whenever if than more less
+for after within by with its it this that these those must should shall will then while once
+as in into from until till reaches reach reached exceeds exceed exceeded has have had any
+every each per so set do does keeps keep stays stay longer shorter least most up down its
+between over under about
+""".split())
+_CLAUSE = re.compile(r"[,;:()]|\.(?:\s|$)|\b(?:and|or|but|with|while|unless|then)\b", re.I)
+_TYPE_PREFIX = {"REAL": "r", "TIME": "t", "INT": "i"}
+_COUNTED_UNITS = frozenset(u for u in _UNITS if u.isalpha() and u not in {
+    "bar", "mbar", "pa", "kpa", "mpa", "hpa", "psi", "degc", "c", "k", "degf", "a", "ma", "v",
+    "mv", "kv", "w", "kw", "mw", "hz", "rpm", "mm", "cm", "m", "km", "l", "ml", "kg", "g",
+    "t", "n", "kn", "nm", "ppm", "ph", "lux", "bpm", "db", "ohm", "kohm", "um"})
+
+
+def time_literal(seconds: float) -> str:
+    """A TIME literal of ``seconds``, as an engineer writes it: ``T#500ms``, ``T#30s``,
+    ``T#1m30s``, ``T#2h``."""
+    ms = round(seconds * 1000)
+    parts = []
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        if ms >= size:
+            parts.append(f"{ms // size}{unit}")
+            ms %= size
+    return "T#" + ("".join(parts) or "0s")
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in re.findall(r"[A-Za-z]{2,}", text)
+            if w.lower() not in _FILLER and not _is_unit(w)]
+
+
+def _words_near(text: str, at: int, end: int) -> list[str]:
+    """The words of the clause that ends where a value is stated (``at``), fillers and
+    units left out; when it has none, those that follow the value (``end``)."""
+    cuts = [m.end() for m in _CLAUSE.finditer(text, 0, at)]
+    before = _words(text[cuts[-1] if cuts else 0:at])[-3:]
+    if before:
+        return before
+    after = _CLAUSE.search(text, end)
+    return _words(text[end:after.start() if after else len(text)])[:2]
+
+
+def setpoints(data: Mapping[str, Any], taken: Iterable[str] = ()) -> list[dict[str, str]]:
+    """Each value the request states with a unit, declared as a variable with that value
+    (a duration as TIME, a count of things as INT, any other quantity as REAL), named from
+    the words the request says it with (``on at 70 %`` → ``rSwitchOn``); ``taken``: names
+    it may not be (the stated interface). Code writes them into the answer, so the POU
+    holds the request's numbers, and the body refers to them by name."""
+    text = " ".join([str(data.get("description", "")),
+                     *(str(c) for c in data.get("constraints") or [])])
+    text = _EXAMPLE.sub(" ", text)
+    used = {t.upper() for t in [*taken, *_reserved()]}
+    out: list[dict[str, str]] = []
+    found = sorted((_position(text, v), i, v) for i, v in enumerate(read(data).with_units))
+    for (at, end), _, v in found:   # in the order the request states them
+        secs = v.seconds
+        if secs is not None:
+            vtype, initial = "TIME", time_literal(secs)
+        elif (v.unit or "").lower().removesuffix("s") in _COUNTED_UNITS and \
+                v.number == int(v.number):
+            vtype, initial = "INT", str(int(v.number))
+        else:
+            vtype, initial = "REAL", _forms(v.number)[-1] if v.number == int(v.number) \
+                else _forms(v.number)[0]
+        words = _words_near(text, at, end) if at >= 0 else []
+        base = "".join(w[:1].upper() + w[1:].lower() for w in words) or "Setpoint"
+        name = (_TYPE_PREFIX[vtype] + base)[:40]
+        stem, n = name, 2
+        while name.upper() in used:
+            name, n = f"{stem}{n}", n + 1
+        used.add(name.upper())
+        out.append({"section": "VAR", "name": name, "type": vtype, "initial": initial,
+                    "comment": f"stated: {v}"})
+    return out
+
+
+def _position(text: str, v: Value) -> tuple[int, int]:
+    """Where the request states ``v`` (its first mention): start and end, or -1, -1."""
+    label = (re.escape(v.label) if v.label
+             else rf"{re.escape(v.text)}\s*{re.escape(v.unit or '')}")
+    m = re.search(rf"(?<![\w.#]){label}", text)
+    return (m.start(), m.end()) if m else (-1, -1)
+
+
+def _reserved() -> frozenset[str]:
+    from rung.daemon.tasks.st import RESERVED_NAMES
+    return frozenset(RESERVED_NAMES)
+
+
+Declared = tuple[list[dict[str, str]], list[dict[str, str]]]
+
+
+def declared(data: Mapping[str, Any]) -> Declared:
+    """What code declares of an st_code answer from the request alone: the stated
+    interface and each stated value as a setpoint (``setpoints``), in that order in the
+    answer — where the request fixes the POU's type and name and the POU is not a FUNCTION
+    (whose return type the request may not give); else nothing."""
+    pou_type, name = data.get("pou_type"), data.get("name")
+    if not isinstance(pou_type, str) or not isinstance(name, str) or pou_type == "FUNCTION":
+        return [], []
+    stated = interface(data)
+    return stated, setpoints(data, [name, *(v["name"] for v in stated)])

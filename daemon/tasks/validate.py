@@ -45,7 +45,7 @@ def _st(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
             "IEC 61131-3"}]}
     return {"st_syntax": result["st_syntax"], "identifiers": identifiers,
             "pou_text": result["text"],
-            "relevance": st_request.values_used(stated, result["text"]),
+            "relevance": st_request.values_used(stated, output),
             "building_blocks": st_request.blocks_used(stated, output),
             "inputs": st_request.inputs_not_assigned(output, assigned_names(result["text"])),
             **_behaviour(output, data)}

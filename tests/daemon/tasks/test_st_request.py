@@ -50,7 +50,7 @@ def test_the_pou_must_use_every_value_stated_with_a_unit() -> None:
         "the request states 35.0 %; the POU does not use it",
         "the request states 95.0 %; the POU does not use it"]
     as_fraction = RIGHT.replace("70.0", "0.7 * 100.0")
-    assert st_request.values_used(st_request.read(DRAIN), render_pou(_pou(as_fraction)))["ok"]
+    assert st_request.values_used(st_request.read(DRAIN), _pou(as_fraction))["ok"]
 
 
 def test_a_stated_duration_is_used_as_a_time_of_the_same_length() -> None:
@@ -59,10 +59,10 @@ def test_a_stated_duration_is_used_as_a_time_of_the_same_length() -> None:
     assert s.needs == ("timer",) and [str(v) for v in s.values] == ["1 min 30 s"]
     for pt, ok in (("T#1m30s", True), ("T#90s", True), ("T#90000ms", True), ("T#1m", False),
                    ("T#30s", False)):
-        text = render_pou(_pou(f"tmr(IN := bPump, PT := {pt});", [
+        pou = _pou(f"tmr(IN := bPump, PT := {pt});", [
             {"section": "VAR", "name": "tmr", "type": "TON"},
-            {"section": "VAR", "name": "bPump", "type": "BOOL"}]))
-        assert st_request.values_used(s, text)["ok"] is ok, pt
+            {"section": "VAR", "name": "bPump", "type": "BOOL"}])
+        assert st_request.values_used(s, pou)["ok"] is ok, pt
 
 
 def test_the_building_blocks_the_behaviour_needs_are_declared_and_called() -> None:
@@ -103,6 +103,7 @@ def test_a_pou_name_of_iec_61131_3_fails_the_check() -> None:
 
 def test_the_interface_a_request_states_is_written_by_code() -> None:
     from rung.daemon.tasks.shaping import shape
+    from rung.engines.grammar import Lark
     from rung.daemon.tasks.task import load_tasks
 
     data = {"description": "Fill valve: open below 20 %, close above 80 %.",
@@ -118,7 +119,73 @@ def test_the_interface_a_request_states_is_written_by_code() -> None:
     st = load_tasks()["st_code"]
     prefix = shape(st.output_schema, st.validators, data).prefix
     assert prefix.startswith('{"pou_type":"FUNCTION_BLOCK","name":"FB_Fill","variables":[{')
-    assert prefix.endswith('{"section":"VAR_OUTPUT","name":"bValve","type":"BOOL"}')
+    assert prefix.endswith('{"section":"VAR_OUTPUT","name":"bValve","type":"BOOL"},'
+                           '{"section":"VAR","name":"rOpenBelow","type":"REAL","initial":'
+                           '"20.0","comment":"stated: 20 %"},{"section":"VAR","name":'
+                           '"rCloseAbove","type":"REAL","initial":"80.0","comment":'
+                           '"stated: 80 %"}')
+    # the body reads the setpoints and never assigns them; it reads and writes the rest
+    shaped = shape(st.output_schema, st.validators, data)
+    assert shaped.restage is not None
+    grammar = shaped.restage(prefix + '],"body":"')
+    assert grammar is not None
+    assert isinstance(grammar, Lark)
+    rules = grammar.text
+    writable = next(r for r in rules.splitlines() if r.startswith("writable:"))
+    variable = next(r for r in rules.splitlines() if r.startswith("variable:"))
+    assert '"rOpenBelow"' in variable and '"rOpenBelow"' not in writable
+    assert '"bValve"' in writable and '"rLevel"' not in writable
     # a FUNCTION's return type comes before its variables: the model writes it all
     assert shape(st.output_schema, st.validators, {**data, "pou_type": "FUNCTION"}).prefix == ""
     assert shape(st.output_schema, st.validators, {"description": "x"}).prefix == ""
+
+
+def test_a_value_counts_as_used_only_where_the_body_reads_it() -> None:
+    """A setpoint declared with the stated value and never read does nothing: the finding
+    was a POU that declared thresholds and compared the level with something else."""
+    variables = [{"section": "VAR_INPUT", "name": "rLevel", "type": "REAL"},
+                 {"section": "VAR_OUTPUT", "name": "bPump", "type": "BOOL"},
+                 {"section": "VAR_OUTPUT", "name": "bAlarm", "type": "BOOL"},
+                 {"section": "VAR", "name": "rOn", "type": "REAL", "initial": "70.0"},
+                 {"section": "VAR", "name": "rOff", "type": "REAL", "initial": "35.0"},
+                 {"section": "VAR", "name": "rAlarm", "type": "REAL", "initial": "95.0"}]
+    reads_all = ("IF rLevel >= rOn THEN bPump := TRUE; ELSIF rLevel <= rOff THEN "
+                 "bPump := FALSE; END_IF; bAlarm := rLevel >= rAlarm;")
+    assert st_request.values_used(st_request.read(DRAIN), _pou(reads_all, variables))["ok"]
+    skips_off = reads_all.replace("rLevel <= rOff", "rLevel <= rOn")
+    r = st_request.values_used(st_request.read(DRAIN), _pou(skips_off, variables))
+    assert [e["message"] for e in r["errors"]] == [
+        "the request states 35.0 %; the POU does not use it"]
+    # a comment that names the setpoint is no use of it
+    commented = skips_off + " // rOff is the stop level"
+    assert not st_request.values_used(st_request.read(DRAIN), _pou(commented, variables))["ok"]
+
+
+def test_code_declares_each_stated_value_as_a_setpoint_named_from_the_request() -> None:
+    data = {**DRAIN, "name": "P_Drain", "constraints": [
+        "VAR_INPUT rLevel : REAL", "VAR_OUTPUT bPump : BOOL, bAlarm : BOOL",
+        "the pump must not restart within 1 min 30 s; count 12 parts per box"]}
+    interface, setpoints = st_request.declared(data)
+    assert [v["name"] for v in interface] == ["rLevel", "bPump", "bAlarm"]
+    assert [(v["section"], v["type"], v["initial"], v["comment"]) for v in setpoints] == [
+        ("VAR", "REAL", "70.0", "stated: 70.0 %"), ("VAR", "REAL", "35.0", "stated: 35.0 %"),
+        ("VAR", "REAL", "95.0", "stated: 95.0 %"), ("VAR", "TIME", "T#1m30s",
+                                                     "stated: 1 min 30 s"),
+        ("VAR", "INT", "12", "stated: 12 parts")]
+    names = [v["name"] for v in setpoints]
+    assert names[:3] == ["rDrainPumpOn", "rOff", "rHighLevelAlarm"]   # the words said with it
+    assert names[3].startswith("t") and names[4].startswith("i")
+    assert len({n.upper() for n in names} | {"RLEVEL", "BPUMP", "BALARM"}) == 8   # all new
+    # a request that does not fix the POU's name and type, or asks for a FUNCTION: the
+    # model writes the declarations (a FUNCTION's return type comes first)
+    assert st_request.declared(DRAIN) == ([], [])
+    assert st_request.declared({**data, "pou_type": "FUNCTION"}) == ([], [])
+    assert [st_request.time_literal(s) for s in (0.1, 30, 90, 7200, 61.5)] == [
+        "T#100ms", "T#30s", "T#1m30s", "T#2h", "T#1m1s500ms"]
+
+
+def test_a_setpoint_name_never_takes_a_name_already_declared() -> None:
+    data = {"description": "Open at 20 % and at 30 %.", "name": "P_X", "pou_type": "PROGRAM",
+            "constraints": ["VAR_INPUT rOpen : REAL"]}
+    _, setpoints = st_request.declared(data)
+    assert [v["name"] for v in setpoints] == ["rOpen2", "rSetpoint"]   # "and at": no words

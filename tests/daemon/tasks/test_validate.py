@@ -87,10 +87,10 @@ def test_relevance_finds_stated_values_in_the_pou() -> None:
     text = ("Compressor: run when pressure drops below 6.5 bar, stop above 7.5 bar, never "
             "restart within 60 s, pause 500 ms; fill to 20 %; pumps P1 and P2 on line 3.")
     pou = "IF p < 6.5 THEN run := TRUE; END_IF; t(PT := T#1m); t2(PT := T#0.5S); lvl < 0.2"
-    r = st_request.values_used(st_request.read({"description": text}), pou)
+    r = st_request.values_used(st_request.read({"description": text}), {"body": pou})
     assert r["stated"] == ["6.5 bar", "7.5 bar", "60 s", "500 ms", "20 %"]  # not P1, line 3
     assert [e["message"] for e in r["errors"]] == [
         "the request states 7.5 bar; the POU does not use it"]
     assert "advisory" not in r and r["ok"] is False    # gating: the answer is retried
     assert st_request.values_used(st_request.read({"description": "no numbers here"}),
-                                  "x := 1;")["ok"] is True
+                                  {"body": "x := 1;"})["ok"] is True
