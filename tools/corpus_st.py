@@ -14,13 +14,24 @@ from rung.tools.corpus_st_control import CONTROL
 from rung.tools.corpus_st_kit import Kit
 from rung.tools.corpus_st_logic import LOGIC
 from rung.tools.corpus_st_more import MORE
+from rung.tools.corpus_st_setpoints import in_served_form
 
 Builder = Callable[[Kit], tuple[dict[str, Any], dict[str, Any]]]
 
 ARCHETYPES: dict[str, Builder] = {**CONTROL, **LOGIC, **MORE}
 """Archetype name -> builder."""
+_DRAWS = 8
 
 
 def st_sample(rng: random.Random, archetype: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One ``(input, output)`` pair of the ``st_code`` task from ``archetype``."""
-    return ARCHETYPES[archetype](Kit(rng))
+    """One ``(input, output)`` pair of the ``st_code`` task from ``archetype``, in the form
+    rung serves it (``corpus_st_setpoints``: the stated values read from the setpoints code
+    declares); a draw that cannot take that form is drawn again, and after a few the
+    request leaves the POU's name and type to the answer (code then declares nothing)."""
+    for _ in range(_DRAWS):
+        data, output = ARCHETYPES[archetype](Kit(rng))
+        served = in_served_form(data, output)
+        if served is not None:
+            return data, served
+    data = {k: v for k, v in data.items() if k not in ("name", "pou_type")}
+    return data, output

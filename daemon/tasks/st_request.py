@@ -185,14 +185,14 @@ _PART_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us
                  "ns": 1e-9}
 
 
-def _time_seconds(text: str) -> float:
+def time_seconds(text: str) -> float:
     return sum(float(n) * _PART_SECONDS[u.lower()] for n, u in _UNIT_PART.findall(text))
 
 
 def _used(pou_text: str) -> tuple[set[float], set[float]]:
     """The numbers and durations (seconds) a POU's text writes (comments excluded)."""
     code = re.sub(r"\(\*.*?\*\)|//[^\n]*", " ", pou_text, flags=re.S)
-    seconds = {round(_time_seconds(t), 6) for t in _TIME_LIT.findall(code)}
+    seconds = {round(time_seconds(t), 6) for t in _TIME_LIT.findall(code)}
     plain = _TIME_LIT.sub(" ", code)
     return {float(n) for n in _NUMBER.findall(plain)}, seconds
 
@@ -361,8 +361,7 @@ def setpoints(data: Mapping[str, Any], taken: Iterable[str] = ()) -> list[dict[s
         secs = v.seconds
         if secs is not None:
             vtype, initial = "TIME", time_literal(secs)
-        elif (v.unit or "").lower().removesuffix("s") in _COUNTED_UNITS and \
-                v.number == int(v.number):
+        elif _counted(v.unit) and v.number == int(v.number):
             vtype, initial = "INT", str(int(v.number))
         else:
             vtype, initial = "REAL", _forms(v.number)[-1] if v.number == int(v.number) \
@@ -377,6 +376,13 @@ def setpoints(data: Mapping[str, Any], taken: Iterable[str] = ()) -> list[dict[s
         out.append({"section": "VAR", "name": name, "type": vtype, "initial": initial,
                     "comment": f"stated: {v}"})
     return out
+
+
+def _counted(unit: str | None) -> bool:
+    """Whether a unit counts things (``12 parts``, ``50 boxes``), not a quantity."""
+    u = (unit or "").lower()
+    return bool(u) and any(w in _COUNTED_UNITS for w in (u, u.removesuffix("s"),
+                                                         u.removesuffix("es")))
 
 
 def _position(text: str, v: Value) -> tuple[int, int]:
@@ -404,4 +410,7 @@ def declared(data: Mapping[str, Any]) -> Declared:
     if not isinstance(pou_type, str) or not isinstance(name, str) or pou_type == "FUNCTION":
         return [], []
     stated = interface(data)
-    return stated, setpoints(data, [name, *(v["name"] for v in stated)])
+    given = {float(v["initial"]) for v in stated
+             if re.fullmatch(r"-?\d+(\.\d+)?", v.get("initial", ""))}
+    return stated, [v for v in setpoints(data, [name, *(v["name"] for v in stated)])
+                    if v["type"] == "TIME" or float(v["initial"]) not in given]

@@ -19,10 +19,13 @@ from rung.daemon.tasks.validate import validate_output
 from rung.tools.corpus_st import ARCHETYPES
 from rung.tools.corpus_st_kit import Kit
 from rung.tools.corpus_st_more import MORE, WITH_PARAMS
+from rung.tools.corpus_st_setpoints import in_served_form
 
 Params = dict[str, Any]
 Steps = list[dict[str, Any]]
 SEEDS = range(50)
+# archetypes whose requests state no value with a unit that the POU holds by name
+NO_SETPOINTS: set[str] = set()
 BEHAVIOUR_SEEDS = range(20)
 
 
@@ -278,6 +281,22 @@ def test_behaviour(name: str) -> None:
         _, output, params = _sample(name, seed)
         steps, scan_s = VECTORS[name](params)
         _run(output, steps, scan_s)
+
+
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_behaviour_in_served_form(name: str) -> None:
+    """Put in the form rung serves (the stated values read from the setpoints code
+    declares), a sample behaves as before."""
+    served = 0
+    for seed in BEHAVIOUR_SEEDS:
+        data, output, params = _sample(name, seed)
+        form = in_served_form(data, output)
+        if form is None or form == output:
+            continue
+        served += 1
+        steps, scan_s = VECTORS[name](params)
+        _run(form, steps, scan_s)
+    assert served or name in NO_SETPOINTS, name
 
 
 def test_behaviour_catches_a_broken_lockout() -> None:
