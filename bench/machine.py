@@ -9,7 +9,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("rung", "onnxruntime", "onnxruntime-genai", "torch", "transformers", "numpy")
+PACKAGES = ("rung", "onnxruntime", "onnxruntime-genai", "llama-cpp-python", "openvino",
+            "openvino-genai", "torch", "transformers", "numpy")
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -1,4 +1,4 @@
-"""``make bench``: rung vs transformers vs onnxruntime-genai on one fp32 checkpoint.
+"""``make bench``: rung vs transformers, onnxruntime-genai, llama.cpp and OpenVINO GenAI.
 
 Builds the cached artifacts (bench/artifacts.py), runs each engine in its own process
 (``run.py --worker ENGINE``, bench/workers.py) one after another, and writes
@@ -29,12 +29,13 @@ import workers
 ENGINES = ("rung", "rung-kv16", "rung-kv8", *artifacts.RUNG_WEIGHTS, *artifacts.RUNG_DEFAULT,
            *artifacts.RUNG_FFN, "hf", *artifacts.GENAI, *artifacts.OPENVINO, *artifacts.LLAMACPP)
 DEFAULT_ENGINES = ("rung", "hf", "ortgenai")
-# engine -> artifact kind; the rung-kv* engines are rung with an fp16 / fp8 KV cache
-ARTIFACT = {e: e for e in ENGINES}
+# engine -> artifact kind; the rung-kv* engines are rung with an fp16 / fp8 KV cache; the
+# OpenVINO GenAI engines read llama.cpp's GGUF files
+ARTIFACT = {**{e: e for e in ENGINES}, **artifacts.OPENVINO}
 # engine -> weight precision (fp32 unless listed)
 WEIGHTS = {**{k: v.partition(":")[0] for k, v in artifacts.RUNG_WEIGHTS.items()},
            **artifacts.RUNG_DEFAULT, **artifacts.GENAI,
-           **{k: k.rpartition("-")[2] for k in artifacts.OPENVINO},
+           **{k: k.rpartition("-")[2] for k in artifacts.OPENVINO},   # GGUF q4_0 / q8_0
            **{k: {"f32": "fp32", "q8_0": "int8", "q4_0": "int4", "q4_k_m": "int4",
                   "original": "int4"}[v]
               for k, v in artifacts.LLAMACPP.items()}}
@@ -56,7 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--contexts", default="128,1024", help="decode contexts, comma-separated")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads per engine")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt ids")
-    p.add_argument("--preset", default="qwen2.5-0.5b", help="rung.export.presets name")
+    p.add_argument("--preset", default="qwen2.5-0.5b", choices=sorted(artifacts.MAX_SEQ),
+                   help="the checkpoint: random weights of a shape (qwen2.5-0.5b, demo-tiny) "
+                   "or a real model (smollm2-135m, edge-tiny; bench/artifacts.py)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: demo-tiny preset, short contexts, 1 repetition")
     p.add_argument("--out", type=Path, default=RESULTS, help="directory for the results")

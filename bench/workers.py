@@ -220,9 +220,10 @@ class LlamaCppRunner:
 
 
 class OpenVinoRunner:
-    """OpenVINO GenAI's ``LLMPipeline`` on the CPU, fed token ids (an ``ov.Tensor``, no
-    tokenizer run), greedy, ``min_new_tokens = max_new_tokens`` and ``ignore_eos`` so an EOS
-    never ends a run early. The pipeline runs a whole generation per ``generate`` call, so
+    """OpenVINO GenAI's ``LLMPipeline`` on the CPU, loading llama.cpp's GGUF file (its GGUF
+    reader builds the OpenVINO model and tokenizer at load), fed token ids (an ``ov.Tensor``,
+    no tokenizer run), greedy, ``min_new_tokens = max_new_tokens`` and ``ignore_eos`` so an
+    EOS never ends a run early. The pipeline runs a whole generation per ``generate`` call, so
     the timed regions are cut from inside one call:
 
     - prefill: wall clock around ``generate(ids, max_new_tokens=1)``: run the prompt, pick
@@ -248,14 +249,16 @@ class OpenVinoRunner:
         sched = ov_genai.SchedulerConfig()
         sched.max_num_batched_tokens = 2**63 - 1   # as the pipeline's latency default
         sched.enable_prefix_caching = False
-        self.pipe = ov_genai.LLMPipeline(str(model_dir), "CPU", scheduler_config=sched,
-                                         INFERENCE_NUM_THREADS=threads)
+        self.pipe = ov_genai.LLMPipeline(str(model_dir / "model.gguf"), "CPU",
+                                         scheduler_config=sched, INFERENCE_NUM_THREADS=threads)
         core = ov.Core()
         self.info = {"openvino": ov.get_version(), "attention": "paged (continuous batching)",
                      "prefix_caching": False, "inference_num_threads": threads,
-                     **{k: str(core.get_property("CPU", k)) for k in (
-                         "INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION",
-                         "DYNAMIC_QUANTIZATION_GROUP_SIZE", "PERFORMANCE_HINT")}}
+                     "cpu_plugin_defaults": {k: _prop(core.get_property("CPU", k)) for k in (
+                         "INFERENCE_PRECISION_HINT", "KEY_CACHE_PRECISION",
+                         "VALUE_CACHE_PRECISION", "KEY_CACHE_GROUP_SIZE",
+                         "VALUE_CACHE_GROUP_SIZE", "DYNAMIC_QUANTIZATION_GROUP_SIZE",
+                         "PERFORMANCE_HINT")}}
         self.genai_ttft_ms: list[float] = []   # genai's own TTFT of each timed prefill
 
     def _generate(self, ids: np.ndarray, new: int) -> Any:
@@ -282,9 +285,14 @@ class OpenVinoRunner:
         return stamp_seconds(stamps[-1]) - stamp_seconds(stamps[0]), tokens
 
 
-def stamp_seconds(stamp: Any) -> float:
-    """A genai time stamp as seconds (pybind hands a time point over as a ``datetime``)."""
-    return float(stamp.timestamp() if hasattr(stamp, "timestamp") else stamp)
+def _prop(value: Any) -> str:
+    """An OpenVINO property as text (an element type by its name: ``bf16``, ``u8``)."""
+    return str(value.get_type_name() if hasattr(value, "get_type_name") else value)
+
+
+def stamp_seconds(stamp: float) -> float:
+    """A genai token time stamp (ms on a steady clock) as seconds."""
+    return float(stamp) / 1e3
 
 
 RUNNERS: dict[str, Any] = {"hf": HfRunner, "ortgenai": GenaiRunner,
@@ -351,6 +359,12 @@ def run_worker(engine: str, model_dir: Path, vocab: int, w: Workload) -> dict[st
     runner = cls(model_dir, w.threads)
     load_s = time.perf_counter() - t0
     result = measure(runner, ids, w)
+    manifest = getattr(getattr(runner, "engine", None), "manifest", None)
+    if manifest is not None:   # rung: what the export chose
+        result["engine_info"] = {
+            "weights": manifest.weights, "kv": manifest.kv.dtype,
+            "kv_chosen_by": manifest.kv.chosen_by, "max_seq": manifest.dims.max_seq,
+            "verified": None if manifest.parity is None else manifest.parity.passed}
     if hasattr(runner, "genai_ttft_ms"):   # OpenVINO: its settings, its own TTFT
         result["engine_info"] = runner.info
         result["prefill"]["engine_ttft_ms"] = runner.genai_ttft_ms

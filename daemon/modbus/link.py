@@ -75,6 +75,7 @@ from rung.daemon.modbus.regmap import (
     WriteRefused,
     values_from_block,
 )
+from rung.daemon.plc.shown import ShowsState
 
 __all__ = ["EXCEPTION_CODES", "Link", "ModbusConfigError", "ModbusError",
            "ModbusTransientError", "OnState"]
@@ -134,7 +135,7 @@ def _bus_traced(port: str, connected: bool) -> None:
             link._set_state("disconnected", f"serial port {port} lost")
 
 
-class Link:
+class Link(ShowsState):
     """One persistent connection to one PLC (TCP), or a share of one serial bus (RTU: one
     client per port path shared by every PLC on that bus, access serialized by a per-bus
     ``asyncio.Lock``). The bus's serial settings and client timeout come from the first map
@@ -143,14 +144,13 @@ class Link:
     """
 
     def __init__(self, plc: PlcMap, on_state: OnState | None = None) -> None:
+        super().__init__()
         self.plc = plc
         self.state = "disconnected"   # of the connection; on_state may say "degraded"
         self.last_error: str | None = None
         self.per_transaction = False   # learned: the PLC closes after every response
         self.on_state = on_state   # told every change of the state shown
         self._detail: str | None = None
-        self._shown: tuple[str, str | None] = ("disconnected", None)
-        self._faults: dict[str, str] = {}   # caller's operation -> why it keeps failing
         self._served = 0    # responses on the current TCP connection
         self._strikes = 0   # connections in a row the PLC closed after their first response
         self._peer_closed = False
@@ -415,29 +415,10 @@ class Link:
         return self._error(op, detail, False, hint=hint)
 
     # --- state ----------------------------------------------------------------------------
-    def set_fault(self, what: str, detail: str | None) -> None:
-        """The caller's operation ``what`` keeps failing (``detail`` says why), or is fine
-        again (None). While any is failing, a connected link reads ``degraded``."""
-        if detail is None:
-            self._faults.pop(what, None)
-        else:
-            self._faults[what] = detail
-        self._show()
-
     def _set_state(self, state: str, detail: str | None) -> None:
         if state != self.state:
             self.state, self._detail = state, detail
             self._show()
-
-    def _show(self) -> None:
-        state, detail = self.state, self._detail
-        if state == "connected" and self._faults:
-            state = "degraded"
-            detail = "; ".join(f"{what}: {why}" for what, why in self._faults.items())
-        if (state, detail) != self._shown:
-            self._shown = (state, detail)
-            if self.on_state is not None:
-                self.on_state(state, detail)
 
     def __repr__(self) -> str:
         return f"Link({self.plc.id!r}, {self.where}, {self.state})"

@@ -40,6 +40,7 @@ from rung.daemon.opcua.errors import (
     translate,
 )
 from rung.daemon.opcua.nodemap import RUNG_WRITES, NodeMap, NodePoint, NodeRef
+from rung.daemon.plc.shown import ShowsState
 from rung.daemon.plc.transport import OnState, Values
 
 __all__ = ["NodeLink"]
@@ -83,20 +84,19 @@ class _Changes:
         self.link._lost("the server ended the subscription")
 
 
-class NodeLink:
+class NodeLink(ShowsState):
     """One PLC's OPC UA session, as the handshake's transport."""
 
     per_transaction = False
 
     def __init__(self, plc: NodeMap, on_state: OnState | None = None) -> None:
+        super().__init__()
         self.plc = plc
         self.where = plc.server.endpoint
         self.state = "disconnected"
         self.on_state = on_state
         self.on_request: Callable[[], None] | None = None
         self._detail: str | None = None
-        self._shown: tuple[str, str | None] = ("disconnected", None)
-        self._faults: dict[str, str] = {}
         self._client: Client | None = None
         self._handshake: dict[str, ua.NodeId] = {}
         self._points: list[tuple[NodePoint, ua.NodeId]] = []
@@ -166,13 +166,6 @@ class NodeLink:
         for name in RUNG_WRITES:
             await self._type(client, "type check", name)
         return handshake, await self.read_snapshot()
-
-    def set_fault(self, what: str, detail: str | None) -> None:
-        if detail is None:
-            self._faults.pop(what, None)
-        else:
-            self._faults[what] = detail
-        self._show()
 
     async def close(self) -> None:
         await self._drop()
@@ -425,16 +418,6 @@ class NodeLink:
                                    and detail is not None):
             self.state, self._detail = state, detail
             self._show()
-
-    def _show(self) -> None:
-        state, detail = self.state, self._detail
-        if state == "connected" and self._faults:
-            state = "degraded"
-            detail = "; ".join(f"{what}: {why}" for what, why in self._faults.items())
-        if (state, detail) != self._shown:
-            self._shown = (state, detail)
-            if self.on_state is not None:
-                self.on_state(state, detail)
 
     def __repr__(self) -> str:
         return f"NodeLink({self.plc.id!r}, {self.where}, {self.state})"

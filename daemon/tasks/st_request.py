@@ -303,12 +303,11 @@ def interface(data: Mapping[str, Any]) -> list[dict[str, str]]:
 # -- the values a request states, declared by code -------------------------------------------
 
 # words that say nothing of what a value is for (a setpoint's name keeps the others)
-_FILLER = frozenset("""a an the at to of is are be been being when whenever if than more less
-for after within by with its it this that these those must should shall will then while once
-as in into from until till reaches reach reached exceeds exceed exceeded has have had any
-every each per so set do does keeps keep stays stay longer shorter least most up down its
-between over under about
-""".split())
+_FILLER = frozenset(re.findall(r"\w+", """a an the at to of is are be been being when whenever
+if than more less for after within by with its it this that these those must should shall will
+then while once as in into from until till reaches reach reached exceeds exceed exceeded has
+have had any every each per so set do does keeps keep stays stay longer shorter least most up
+down between over under about"""))
 _CLAUSE = re.compile(r"[,;:()]|\.(?:\s|$)|\b(?:and|or|but|with|while|unless|then)\b", re.I)
 _TYPE_PREFIX = {"REAL": "r", "TIME": "t", "INT": "i"}
 _COUNTED_UNITS = frozenset(u for u in _UNITS if u.isalpha() and u not in {

@@ -103,8 +103,8 @@ def test_a_pou_name_of_iec_61131_3_fails_the_check() -> None:
 
 def test_the_interface_a_request_states_is_written_by_code() -> None:
     from rung.daemon.tasks.shaping import shape
-    from rung.engines.grammar import Lark
     from rung.daemon.tasks.task import load_tasks
+    from rung.engines.grammar import Lark
 
     data = {"description": "Fill valve: open below 20 %, close above 80 %.",
             "name": "FB_Fill", "pou_type": "FUNCTION_BLOCK",
