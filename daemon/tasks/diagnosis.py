@@ -544,3 +544,24 @@ def _points(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     if not isinstance(points, list):
         return []
     return [p for p in points if isinstance(p, Mapping) and isinstance(p.get("name"), str)]
+
+
+_ASSESSMENT = '"health_assessment":['
+_FAULT = '"fault":'
+_FAULT_TEXT = re.compile(r'"fault":"((?:[^"\\]|\\.)*)"')
+
+
+def fault_names_at(text: str) -> tuple[str | None, list[str]] | None:
+    """When ``text`` (an answer so far) is at a fault's name in the health assessment: what
+    of it is written (None: its opening quote comes next) and the faults asserted before it
+    (``names.NameGuard`` refuses them): one entry per fault, its evidence together, so
+    the answer cannot assert one twice; else None."""
+    start = text.find(_ASSESSMENT)
+    at = text.rfind(_FAULT)
+    if start < 0 or at < start:
+        return None
+    rest = text[at + len(_FAULT):]
+    if rest and (not rest.startswith('"') or '"' in rest[1:]):
+        return None   # past the name (written and closed)
+    earlier = [json.loads(f'"{m}"') for m in _FAULT_TEXT.findall(text, start, at)]
+    return (rest[1:] if rest else None), earlier

@@ -59,9 +59,10 @@ def state_detection(data: Mapping[str, Any]) -> list[dict[str, str]]:
 def _diagnosis(schema: Schema, data: Mapping[str, Any]) -> Shape:
     """What code knows of the snapshot (``daemon/tasks/diagnosis.py``): the states as the
     answer's start; evidence only from the points that are not normal, each once; the
-    priorities the worst state allows; the prognosis from the points' history."""
+    priorities the worst state allows; the prognosis from the points' history; no fault
+    asserted twice (``diagnosis.fault_names_at``)."""
     narrowed, prefix = diagnosis.narrow(schema, data)
-    return Shape(narrowed, prefix)
+    return Shape(narrowed, prefix, names=diagnosis.fault_names_at)
 
 
 def _fault_tree(schema: Schema, data: Mapping[str, Any]) -> Shape:

@@ -318,7 +318,7 @@ def test_a_retry_that_passes_is_answered_ok(tmp_path: Path, broker: Broker,
         root = tmp_path / f"a{attempts}"
         root.mkdir()
         daemon = _probe_daemon(root, edge_engine, broker.port,
-                               '"xCount := 1;", "xFlag := 1;", "xTotal := 1;", "x := 1;"',
+                               '"xCount := 1;", "x := 1;"',
                                retries={"attempts": attempts, "temperature": 2.0})
         daemon.start()
         req = Requester(broker.port)

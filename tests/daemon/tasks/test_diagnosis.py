@@ -412,3 +412,16 @@ def test_the_demo_model_writes_the_computed_prognosis(runner: TaskRunner) -> Non
     assert r.output is not None and r.output["health_assessment"] == []
     got = dict(r.output["prognosis"])
     assert isinstance(got.pop("note"), str) and got == prognosis(data)
+
+
+def test_a_fault_already_asserted_cannot_be_named_again() -> None:
+    """The guard's view of an answer: at a fault's name, the faults asserted before it."""
+    from rung.daemon.tasks.diagnosis import fault_names_at
+
+    head = '{"state_detection":[],"health_assessment":[{"fault":"Bearing damage","evidence":["v"]},'
+    assert fault_names_at(head + '{"fault":') == (None, ["Bearing damage"])
+    assert fault_names_at(head + '{"fault":"Bear') == ("Bear", ["Bearing damage"])
+    assert fault_names_at(head + '{"fault":"Loose \\"foot\\"') is None   # closed
+    assert fault_names_at(head + '{"fault":"Misalignment",') is None
+    assert fault_names_at('{"state_detection":[],"health_assessment":[{"fault":') == (None, [])
+    assert fault_names_at('{"state_detection":[') is None
