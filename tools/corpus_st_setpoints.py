@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from rung.daemon.tasks import st_request
+from rung.daemon.tasks.st import assigned_names, render_pou
 
 # a TIME literal or a number in ST (what a body writes for a stated value)
 _LITERAL = re.compile(r"(?<![\w#.])(?:(?:T|TIME|LTIME)#(-?[0-9_.a-zA-Z]+)"
                       r"|(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?))(?![\w#])")
-_COMMENT = re.compile(r"\(\*.*?\*\)|//[^\n]*", re.S)
 
 
 def _seconds(text: str) -> float:
@@ -50,7 +50,7 @@ def _replace_literals(body: str, setpoint: Mapping[str, str]) -> tuple[str, int]
     """``body`` with each literal of the setpoint's value replaced by its name, outside
     comments; and how many were."""
     out, count, at = [], 0, 0
-    for c in [*_COMMENT.finditer(body), None]:
+    for c in [*st_request.COMMENT.finditer(body), None]:
         end = len(body) if c is None else c.start()
         part = body[at:end]
         count += sum(1 for m in _LITERAL.finditer(part) if _holds(setpoint, m))
@@ -71,7 +71,7 @@ def in_served_form(data: Mapping[str, Any], output: Mapping[str, Any]
     if not setpoints:
         return dict(output)
     body = str(output["body"])
-    assigned = {a.upper() for a in _assigned(body)}
+    assigned = {a.upper() for a in assigned_names(render_pou(output))}
     fixed = {v["name"].upper() for v in interface}
     own = [dict(v) for v in output["variables"] if v["name"].upper() not in fixed]
     for sp in setpoints:
@@ -97,7 +97,3 @@ def _holder(own: list[dict[str, Any]], setpoint: Mapping[str, str]) -> dict[str,
         if m is not None and v["type"] == setpoint["type"] and _holds(setpoint, m):
             return v
     return None
-
-
-def _assigned(body: str) -> list[str]:
-    return re.findall(r"(?<![\w.])([A-Za-z_]\w*)\s*:=", _COMMENT.sub(" ", body))

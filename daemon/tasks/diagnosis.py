@@ -563,5 +563,12 @@ def fault_names_at(text: str) -> tuple[str | None, list[str]] | None:
     rest = text[at + len(_FAULT):]
     if rest and (not rest.startswith('"') or '"' in rest[1:]):
         return None   # past the name (written and closed)
-    earlier = [json.loads(f'"{m}"') for m in _FAULT_TEXT.findall(text, start, at)]
+    earlier = [_unquoted(m) for m in _FAULT_TEXT.findall(text, start, at)]
     return (rest[1:] if rest else None), earlier
+
+
+def _unquoted(escaped: str) -> str:
+    try:
+        return str(json.loads(f'"{escaped}"'))
+    except json.JSONDecodeError:   # not JSON the grammar wrote: compared as it stands
+        return escaped

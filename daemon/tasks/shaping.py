@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
+
 from rung.daemon.tasks import diagnosis, st_grammar, st_request
 from rung.daemon.tasks.fault_tree_shape import fault_tree_shape
 from rung.daemon.tasks.names import NamesAt
@@ -107,10 +109,10 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
     after_body = [(k, st_grammar.resolved(props[k], defs), k in required)
                   for k in keys[keys.index("body") + 1:]]
 
-    prefix = _st_prefix(s, data)
+    prefix, setpoints = _st_prefix(s, data)
     # the setpoints code declared hold the request's values: the body reads them, never
     # assigns them
-    fixed = [v["name"] for v in st_request.declared(data)[1]] if prefix else []
+    fixed = [v["name"] for v in setpoints]
 
     def restage(text: str) -> Lark | None:
         found = st_grammar.head_pou(text)
@@ -121,23 +123,30 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
     return Shape(s, prefix, restage=restage, restage_at='"', names=st_grammar.names_at)
 
 
-def _st_prefix(schema: Schema, data: Mapping[str, Any]) -> str:
+def _st_prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[str, str]]]:
     """The answer's start when the request fixes the POU's type and name and states its
     interface or values (``st_request.declared``): type, name, the stated variables and a
     setpoint per stated value, written by code; the model goes on with more variables or
-    closes the list. Only where the schema puts nothing between the name and the variables
-    that the answer may need (a FUNCTION's return type)."""
-    declared = [v for part in st_request.declared(data) for v in part]
+    closes the list; and the setpoints it holds. Only where the schema puts nothing between
+    the name and the variables that the answer may need (a FUNCTION's return type), and
+    only what the schema's ``variables`` accept (more than its ``maxItems``, a value no
+    literal may write: the setpoints are left out, then the interface)."""
+    interface, setpoints = st_request.declared(data)
     props = schema.get("properties") or {}
     keys = list(props)
-    pou_type, name = data.get("pou_type"), data.get("name")
-    if not declared or keys[:2] != ["pou_type", "name"] or "variables" not in keys:
-        return ""
+    if not interface + setpoints or keys[:2] != ["pou_type", "name"] or "variables" not in keys:
+        return "", []
     between = keys[2:keys.index("variables")]
     if any(k in (schema.get("required") or ()) for k in between):
-        return ""
-    head = compact({"pou_type": pou_type, "name": name, "variables": declared})
-    return head[:-2]   # open: the list goes on ("]" or ",{") and the object with it
+        return "", []
+    accepts = jsonschema.Draft202012Validator(
+        {**props["variables"], "$defs": schema.get("$defs") or {}}).is_valid
+    for declared, held in ((interface + setpoints, setpoints), (interface, [])):
+        if declared and accepts(declared):
+            head = compact({"pou_type": data["pou_type"], "name": data["name"],
+                            "variables": declared})
+            return head[:-2], held   # open: the list goes on ("]" or ",{"), the object too
+    return "", []
 
 
 def _free_text(schema: Any) -> bool:

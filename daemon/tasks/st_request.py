@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rung.daemon.tasks.st import RESERVED_NAMES
+
 # a number in a request, with the unit that follows it, if any ("8.5 bar", "30 s", "70 %")
 _STATED = re.compile(r"(?<![\w.#])(\d+(?:\.\d+)?)\s*(%|°C|[a-zA-Zµ]+\d*(?:/[a-zA-Z]+)?)?")
 _SECONDS = {"ms": 0.001, "msec": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
@@ -189,9 +191,12 @@ def time_seconds(text: str) -> float:
     return sum(float(n) * _PART_SECONDS[u.lower()] for n, u in _UNIT_PART.findall(text))
 
 
-def _used(pou_text: str) -> tuple[set[float], set[float]]:
-    """The numbers and durations (seconds) a POU's text writes (comments excluded)."""
-    code = re.sub(r"\(\*.*?\*\)|//[^\n]*", " ", pou_text, flags=re.S)
+# an ST comment (block or line)
+COMMENT = re.compile(r"\(\*.*?\*\)|//[^\n]*", re.S)
+
+
+def _used(code: str) -> tuple[set[float], set[float]]:
+    """The numbers and durations (seconds) ST code without comments writes."""
     seconds = {round(time_seconds(t), 6) for t in _TIME_LIT.findall(code)}
     plain = _TIME_LIT.sub(" ", code)
     return {float(n) for n in _NUMBER.findall(plain)}, seconds
@@ -200,7 +205,7 @@ def _used(pou_text: str) -> tuple[set[float], set[float]]:
 def _effective(pou: Mapping[str, Any]) -> str:
     """The POU's values that act: the body's code and the initial values of the variables
     it refers to (a setpoint declared and never read does nothing)."""
-    code = re.sub(r"\(\*.*?\*\)|//[^\n]*", " ", str(pou.get("body", "")), flags=re.S)
+    code = COMMENT.sub(" ", str(pou.get("body", "")))
     refs = {w.upper() for w in re.findall(r"[A-Za-z_]\w*", code)}
     initials = [str(v.get("initial")) for v in pou.get("variables") or []
                 if isinstance(v, Mapping) and v.get("initial") is not None
@@ -353,7 +358,7 @@ def setpoints(data: Mapping[str, Any], taken: Iterable[str] = ()) -> list[dict[s
     text = " ".join([str(data.get("description", "")),
                      *(str(c) for c in data.get("constraints") or [])])
     text = _EXAMPLE.sub(" ", text)
-    used = {t.upper() for t in [*taken, *_reserved()]}
+    used = {t.upper() for t in [*taken, *RESERVED_NAMES]}
     out: list[dict[str, str]] = []
     found = sorted((_position(text, v), i, v) for i, v in enumerate(read(data).with_units))
     for (at, end), _, v in found:   # in the order the request states them
@@ -390,11 +395,6 @@ def _position(text: str, v: Value) -> tuple[int, int]:
              else rf"{re.escape(v.text)}\s*{re.escape(v.unit or '')}")
     m = re.search(rf"(?<![\w.#]){label}", text)
     return (m.start(), m.end()) if m else (-1, -1)
-
-
-def _reserved() -> frozenset[str]:
-    from rung.daemon.tasks.st import RESERVED_NAMES
-    return frozenset(RESERVED_NAMES)
 
 
 Declared = tuple[list[dict[str, str]], list[dict[str, str]]]

@@ -425,3 +425,9 @@ def test_a_fault_already_asserted_cannot_be_named_again() -> None:
     assert fault_names_at(head + '{"fault":"Misalignment",') is None
     assert fault_names_at('{"state_detection":[],"health_assessment":[{"fault":') == (None, [])
     assert fault_names_at('{"state_detection":[') is None
+    # the diagnosis shape hands it to the runner's name guard
+    from rung.daemon.tasks.shaping import shape
+    from rung.daemon.tasks.task import load_tasks
+
+    task = load_tasks()["diagnosis"]
+    assert shape(task.output_schema, task.validators, SNAPSHOT).names is fault_names_at

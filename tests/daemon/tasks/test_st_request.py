@@ -189,3 +189,28 @@ def test_a_setpoint_name_never_takes_a_name_already_declared() -> None:
             "constraints": ["VAR_INPUT rOpen : REAL"]}
     _, setpoints = st_request.declared(data)
     assert [v["name"] for v in setpoints] == ["rOpen2", "rSetpoint"]   # "and at": no words
+
+
+def test_code_writes_only_declarations_the_schema_accepts() -> None:
+    """More values than ``variables`` may hold, or a value no literal may write: code leaves
+    the setpoints out (then the interface), so the request is answered, not failed inside
+    rung on a prefix its own grammar refuses."""
+    from rung.daemon.tasks.shaping import shape
+    from rung.daemon.tasks.task import load_tasks
+
+    st = load_tasks()["st_code"]
+    many = {"description": "; ".join(f"limit {i} at {i + 0.5} bar" for i in range(45)),
+            "name": "FB_X", "pou_type": "FUNCTION_BLOCK",
+            "constraints": ["VAR_INPUT rP : REAL"]}
+    assert len(st_request.declared(many)[1]) == 45
+    shaped = shape(st.output_schema, st.validators, many)
+    assert shaped.prefix == ('{"pou_type":"FUNCTION_BLOCK","name":"FB_X","variables":'
+                             '[{"section":"VAR_INPUT","name":"rP","type":"REAL"}')
+    assert shaped.restage is not None
+    grammar = shaped.restage(shaped.prefix + '],"body":"')
+    assert grammar is not None   # nothing held read-only: no setpoint was declared
+    huge = {"description": "Open above 20000000000000000 bar.", "name": "FB_X",
+            "pou_type": "FUNCTION_BLOCK"}
+    assert shape(st.output_schema, st.validators, huge).prefix == ""
+    fits = {**many, "description": "Open above 70 %."}
+    assert '"initial":"70.0"' in shape(st.output_schema, st.validators, fits).prefix
