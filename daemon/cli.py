@@ -29,7 +29,8 @@ def _export_parser(sub: Any) -> None:
     p.add_argument("-o", "--output", type=Path, required=True, help="engine directory to write")
     p.add_argument("--weights", choices=["fp32", "fp16", "int8", "int4"],
                    help="weight precision (default fp32; fp16 with --target trt); int8/int4 "
-                   "are blockwise MatMulNBits (the LM head at 8 bits, embeddings fp32)")
+                   "are blockwise MatMulNBits (the LM head at 8 bits, the embedding table 8-bit "
+                   "blocks read by GatherBlockQuantized)")
     p.add_argument("--block-size", type=int,
                    help="int8/int4: input channels sharing one scale, a power of two >= 16 "
                    "(default 32)")

@@ -204,7 +204,8 @@ class Manifest:
     artifacts: dict[str, str]  # file name -> sha256
     ffn_gate: dict[str, Any] | None = None
     # int8/int4 weights: method ("MatMulNBits"), bits, block_size, symmetric, accuracy_level,
-    # lm_head_bits, embeddings ("fp32"); None for float weights
+    # lm_head_bits, embeddings ("int8": GatherBlockQuantized; "fp32" in engines exported
+    # before it, or where no block divides the hidden size); None for float weights
     quantization: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     trt: TrtPlan | None = None  # format 3: the TensorRT plan, where one was built

@@ -153,9 +153,11 @@ def flagged(kv: str, reason: str | None = None) -> KVChoice:
 def weight_bytes(model: RungForCausalLM, weights: str, spec: QuantSpec | None) -> int:
     """The bytes of weights the graph will store (an estimate for ``--kv auto``): every
     parameter at the float width; with int8/int4 the linear layers as blocks of their bits
-    with a float32 scale and a zero point per block (a tied LM head keeps its fp32
-    embedding table beside its quantized copy)."""
+    with a float32 scale and a zero point per block, and the embedding table as 8-bit
+    blocks (a tied LM head at 8 bits lends it its own: only the lookup's scales and zero
+    points are added)."""
     from rung.export.mixed import LAYER_UNITS
+    from rung.export.quantize import EMBED_BITS, embedding_block
 
     total = sum(p.numel() for p in model.parameters()) * (2 if weights == "fp16" else 4)
     if spec is None:
@@ -170,6 +172,14 @@ def weight_bytes(model: RungForCausalLM, weights: str, spec: QuantSpec | None) -
             total -= 4 * n   # the float copy the quantized one replaces
         block = spec.layer_block(name)
         total += n * spec.layer_bits(name) // 8 + -(-n // block) * 5
+    table = model.model.embed_tokens.weight
+    block_e = embedding_block(int(table.shape[1]), spec)
+    if spec.embeddings != "fp32" and block_e is not None:
+        n = int(table.numel())
+        tied = model.lm_head.weight is table
+        shared = tied and spec.lm_head_bits == EMBED_BITS and (
+            table.shape[1] % spec.layer_block("lm_head") == 0)
+        total += -4 * n + (0 if shared else n * EMBED_BITS // 8) + -(-n // block_e) * 5
     return int(total)
 
 

@@ -61,7 +61,14 @@ from rung.export.model import RungForCausalLM
 from rung.export.onnx_fused import FUSED_KV, build_fused_graph, fused_io_specs, fused_refusal
 from rung.export.onnx_graph import OPSET, build_graph, io_specs
 from rung.export.prompts import CALIBRATION, HELD_OUT, text_rows, text_stream
-from rung.export.quantize import BITS, QuantSpec, quant_spec, quantize_graph, quantized_model
+from rung.export.quantize import (
+    BITS,
+    QuantSpec,
+    embeddings_of,
+    quant_spec,
+    quantize_graph,
+    quantized_model,
+)
 from rung.export.verify import kv_accuracy, verify, weight_accuracy
 
 GRAPH_FILE = "model.onnx"
@@ -277,11 +284,13 @@ def source_weights(ckpt: Checkpoint) -> str:
 def plan(ckpt: Checkpoint, opts: ExportOptions) -> QuantSpec | None:
     """The quantization plan for ``opts.weights``; for a GGUF file exported at its own
     precision, each matrix at the bits and block its GGML type becomes (the widest in each
-    group the fused graph packs into one node)."""
+    group the fused graph packs into one node). The embedding table is 8-bit where its rows
+    are whole blocks (``embeddings_of``)."""
     weights = str(opts.weights)
     if weights not in BITS:
         return None
     spec = quant_spec(weights, opts.block_size, opts.lm_head_bits, opts.symmetric)
+    spec = dataclasses.replace(spec, embeddings=embeddings_of(ckpt.config.hidden_size, spec))
     if ckpt.storage is None or opts.weights != source_weights(ckpt) or (
             opts.lm_head_bits is not None):
         return spec

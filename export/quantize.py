@@ -10,19 +10,26 @@ the most sensitive matrices of an int4 export stay at 8 bits (``export/mixed.py`
 GGUF file's Q6_K matrices stay 8-bit where its Q4_K ones are 4-bit. Packed projections
 (the fused graph's ``qkv_proj``, ``gate_up_proj``) take the widest of their parts.
 
+The embedding table (the ``Gather``) is stored as 8-bit blocks too (``EMBED_BITS``) and read
+by ONNX Runtime's ``GatherBlockQuantized``, which dequantizes only the rows a step looks up.
+A step reads one row per token, so this saves no time; it saves the file (the table is as
+large as the LM head: 151,936 x 896 on the Qwen2.5-0.5B shape, 545 MB at fp32 of a 932 MB
+int4 engine, 136 MB at 8 bits) and with it the load's reading and checking, and it bounds
+what a long-running daemon's table can grow to in memory (its rows are paged in from the
+file as tokens use them: a quarter of the fp32 bytes). With tied embeddings at an 8-bit head
+the table takes the head's own rounding (embedding and head stay one matrix, as trained),
+in its own initializer (``_quantize_embedding`` says why). A hidden size no block of 16 or
+more divides keeps the float table (``embedding_block``).
+
 What stays float, and why:
 
-- The embedding table (the ``Gather``): a step reads one row of it per token, so
-  quantizing it would save memory but no time, and would need another op
-  (``GatherBlockQuantized``).
 - The FFN gate probes (``--ffn-skip``): one [hidden, 1] vector per layer whose sign decides
   whether an FFN runs; a rounding step there flips decisions for nothing saved.
 - The LM head is quantized, by default at 8 bits (``LM_HEAD_BITS``): the vocabulary
   projection is the largest single weight (151,936 x 896 in Qwen2.5-0.5B, 28 % of the
   model) and the most sensitive one, since its error lands on the logits directly, with no
   norm after it. ``--lm-head-bits 4`` quantizes it like the layers (onnxruntime-genai's
-  int4 default). With tied embeddings it gets its own transposed copy, so the ``Gather``
-  keeps the float table.
+  int4 default). With tied embeddings it gets its own transposed copy in the graph.
 
 Weights inside ``--ffn-skip``'s ``If`` branches are quantized like the others.
 """
@@ -59,6 +66,8 @@ MIN_BLOCK_SIZE = 16  # MatMulNBits' smallest block
 # (docs/benchmarks/quantization.md, "Quantized weights").
 ACCURACY_LEVEL = 4
 LM_HEAD_WEIGHT = "lm_head.weight_t"
+EMBED = "embed_tokens.weight"   # the float table the graph builders write (onnx_graph.embed)
+EMBED_BITS = 8
 # Weights left in float (suffixes of initializer names written by onnx_graph.linear)
 KEEP_FLOAT = ("ffn_gate.proj.weight_t",)
 # quantized weight vs original, Frobenius norm: 4-bit rounding measures 0.07-0.15 on real
@@ -80,7 +89,7 @@ class QuantSpec:
     accuracy_level: int
     symmetric: bool = False
     method: str = "MatMulNBits"
-    embeddings: str = "fp32"
+    embeddings: str = "int8"
     bits_of: dict[str, int] = field(default_factory=dict)
     block_of: dict[str, int] = field(default_factory=dict)
 
@@ -137,7 +146,9 @@ def quantize_graph(proto: onnx.ModelProto, spec: QuantSpec,
     ``cache``: weights already rounded ((layer, bits, block) -> blocks, from
     ``export/mixed.py``), used where they exist. Returns ``proto``, rewritten in place."""
     cache = {} if cache is None else cache
+    tied = any(n.op_type == "Gemm" and n.input[1] == EMBED for n in proto.graph.node)
     _head_as_matmul(proto)
+    head: Blocks | None = None   # the tied LM head's blocks: the embedding's, where 8-bit
     owner = {t.name: g for g in graphs(proto.graph) for t in g.initializer}
     used = [i for g in graphs(proto.graph) for n in g.node for i in n.input]
     dropped: set[str] = set()
@@ -163,6 +174,8 @@ def quantize_graph(proto: onnx.ModelProto, spec: QuantSpec,
                                   f"{w.shape[0]}", "report it with the checkpoint config")
             packed, scales, zero = q.matmulnbits()
             inputs = [node.input[0], f"{weight}_Q{bits}", f"{weight}_scales"]
+            if weight == LM_HEAD_WEIGHT and tied:
+                head = q
             home.initializer.extend([numpy_helper.from_array(packed, inputs[1]),
                                      numpy_helper.from_array(scales, inputs[2])])
             if zero is not None:
@@ -174,6 +187,8 @@ def quantize_graph(proto: onnx.ModelProto, spec: QuantSpec,
                 block_size=block, accuracy_level=spec.accuracy_level))
             if used.count(weight) == 1:
                 dropped.add(weight)
+    if spec.embeddings == f"int{EMBED_BITS}":
+        _quantize_embedding(proto, spec, head)
     for g in graphs(proto.graph):
         keep = [t for t in g.initializer if t.name not in dropped]
         del g.initializer[:]
@@ -188,6 +203,72 @@ def quantize_graph(proto: onnx.ModelProto, spec: QuantSpec,
         raise ExportError(f"weight {left[0]!r} was not quantized",
                           "report it with the checkpoint config")
     return proto
+
+
+def embedding_block(hidden: int, spec: QuantSpec) -> int | None:
+    """The block size of an 8-bit embedding table of ``hidden`` columns: the export's own,
+    halved until it divides ``hidden`` (the lookup's rows must be whole blocks); None where
+    none of ``MIN_BLOCK_SIZE`` or more does (the table stays float)."""
+    block = spec.block_size
+    while hidden % block and block > MIN_BLOCK_SIZE:
+        block //= 2
+    return None if hidden % block else block
+
+
+def embeddings_of(hidden: int, spec: QuantSpec) -> str:
+    """What ``spec`` stores the embedding table as, for a model of ``hidden`` size: the
+    manifest's ``quantization.embeddings``."""
+    return f"int{EMBED_BITS}" if embedding_block(hidden, spec) else "fp32"
+
+
+def _quantize_embedding(proto: onnx.ModelProto, spec: QuantSpec,
+                        head: Blocks | None) -> None:
+    """Replace the embedding ``Gather`` by ``GatherBlockQuantized`` over the table as 8-bit
+    blocks: the tied LM head's own blocks (``head``) where they are 8-bit blocks that divide
+    the hidden size, else the table quantized here. The data keeps ``MatMulNBits``' layout
+    [V, blocks, block], each block one quantization block along the last axis, so scales
+    and zero points are [V, blocks, 1] and the lookup's [B, S, blocks, block] is reshaped to
+    [B, S, H]. The lookup has its own copy of the data, not the head's initializer: ONNX
+    Runtime frees a weight its kernel packed only where no other node reads it, and kept for
+    the lookup the head's 136 MB would stay resident beside its packed copy (Qwen2.5-0.5B
+    shape: 1.14 against 1.01 GB after a 4 x 300-token prefill), where the lookup's own table
+    is paged in row by row as tokens use it."""
+    graph = proto.graph
+    found = [i for i, n in enumerate(graph.node) if n.op_type == "Gather" and n.input[0] == EMBED]
+    if not found:
+        return
+    (at,) = found
+    gather = graph.node[at]
+    index = {t.name: i for i, t in enumerate(graph.initializer)}
+    table = numpy_helper.to_array(graph.initializer[index[EMBED]])          # [V, H]
+    if head is not None and head.bits == EMBED_BITS and table.shape[1] % head.block == 0:
+        blocks = head
+    else:
+        block = embedding_block(table.shape[1], spec)
+        if block is None:
+            return
+        blocks = quantize(table, EMBED_BITS, block, spec.symmetric, None)
+    inputs = [f"{EMBED}_Q{EMBED_BITS}", gather.input[1], f"{EMBED}_scales"]
+    graph.initializer.extend([
+        numpy_helper.from_array(blocks.matmulnbits()[0], inputs[0]),
+        numpy_helper.from_array(np.ascontiguousarray(blocks.scale[..., None], np.float32),
+                                inputs[2])])
+    if blocks.zero is not None:
+        inputs.append(f"{EMBED}_zero_points")
+        graph.initializer.append(numpy_helper.from_array(
+            np.ascontiguousarray(blocks.zero[..., None], np.uint8), inputs[3]))
+    graph.initializer.append(numpy_helper.from_array(
+        np.array([0, 0, table.shape[1]], np.int64), f"{EMBED}_shape"))
+    rows = f"{gather.output[0]}_blocks"
+    lookup = helper.make_node("GatherBlockQuantized", inputs, [rows], name=gather.name,
+                              domain="com.microsoft", gather_axis=0, quantize_axis=2,
+                              block_size=blocks.block, bits=EMBED_BITS)
+    flat = helper.make_node("Reshape", [rows, f"{EMBED}_shape"], list(gather.output),
+                            name=f"{gather.name}_rows")
+    graph.node[at].CopyFrom(lookup)
+    graph.node.insert(at + 1, flat)
+    if EMBED not in {i for g in graphs(graph) for n in g.node for i in n.input}:
+        del graph.initializer[index[EMBED]]
 
 
 def _head_as_matmul(proto: onnx.ModelProto) -> str:
@@ -267,8 +348,10 @@ def dequantize(packed: npt.NDArray[np.uint8], scales: npt.NDArray[np.float32], b
 
 def quantized_model(model: RungForCausalLM, proto: onnx.ModelProto) -> RungForCausalLM:
     """A copy of ``model`` holding the weights of the quantized graph ``proto``: the model
-    the graph computes, up to the kernels' own rounding. A tied LM head is untied first,
-    since the graph's embedding table stays float.
+    the graph computes, up to the kernels' own rounding. A tied LM head is untied first:
+    the graph's LM head and embedding table are each their own rounding (the same blocks
+    where they share them), and an embedding table the graph keeps float stays the
+    model's.
 
     Every quantized weight is checked against the model's own (``_check_rounded``).
 
@@ -282,7 +365,31 @@ def quantized_model(model: RungForCausalLM, proto: onnx.ModelProto) -> RungForCa
         for name, linear, weight, step in dequantized_linears(proto, ref):
             _check_rounded(name, linear.weight.numpy(), weight, step)
             linear.weight.copy_(torch.from_numpy(weight))
+        table = dequantized_embedding(proto)
+        if table is not None:
+            embed = ref.model.embed_tokens
+            _check_rounded("embed_tokens", embed.weight.numpy(), table, None)
+            embed.weight = torch.nn.Parameter(torch.from_numpy(table))
     return ref.eval()
+
+
+def dequantized_embedding(proto: onnx.ModelProto) -> npt.NDArray[np.float32] | None:
+    """The embedding table [V, H] the graph's ``GatherBlockQuantized`` looks rows up in,
+    as float32; None where the table is float."""
+    inits = {t.name: t for t in proto.graph.initializer}
+    for node in proto.graph.node:
+        if node.op_type != "GatherBlockQuantized":
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        data, scales = (numpy_helper.to_array(inits[i]) for i in (node.input[0], node.input[2]))
+        if attrs["bits"] == 4:                       # two codes to a byte, low nibble first
+            data = np.stack([data & 0x0F, data >> 4], axis=-1).reshape(*data.shape[:2], -1)
+        zero = (numpy_helper.to_array(inits[node.input[3]]).reshape(len(data), -1)
+                if len(node.input) > 3 and node.input[3] else None)
+        blocks = Blocks(data, scales.reshape(len(data), -1), zero, attrs["bits"],
+                        attrs["block_size"], data.shape[1] * attrs["block_size"])
+        return blocks.dequantize()
+    return None
 
 
 def dequantized_linears(proto: onnx.ModelProto, model: torch.nn.Module
@@ -313,7 +420,7 @@ def _linear(model: torch.nn.Module, path: str) -> torch.nn.Linear:
 
 
 def _check_rounded(name: str, original: npt.NDArray[np.float32], weight: npt.NDArray[np.float32],
-                   step: npt.NDArray[np.float32]) -> None:
+                   step: npt.NDArray[np.float32] | None) -> None:
     """A weight in the wrong place (rows swapped, blocks shifted, a bad zero point) is as
     far from the original as another matrix: relative error ~1.4. Rounding at 4 bits stays
     near 0.1; single elements may move several steps where importance weighting lets a
