@@ -51,7 +51,11 @@ class _Seq:
 
 class BatchDecoder:
     """Up to ``rows`` sequences decoded together; ``prefill_chunk`` bounds the prompt
-    tokens a joining row feeds per step, so a long prompt does not stall the others."""
+    tokens all joining rows feed together in one step (the row that joined first takes its
+    share first), so a long prompt does not stall the others, and a step's activations stay
+    those of ``prefill_chunk`` tokens however many rows join at once: ONNX Runtime's arena
+    keeps what the largest step took (Qwen2.5-0.5B int4: 1.17 GB peak after one step of 4 x
+    512 prompt tokens, against ~0.8 GB for 512)."""
 
     def __init__(self, engine: AnyEngine, tokenizer: Tokenizer, rows: int,
                  prefix: PrefixCache | None = None, prefill_chunk: int = 512,
@@ -156,17 +160,31 @@ class BatchDecoder:
         """Each row's tokens for this step, and how many of its positions are scored."""
         chunks: list[list[int]] = []
         scored: list[int] = []
-        for s in self.seqs:
+        share = self._prompt_shares()
+        for b, s in enumerate(self.seqs):
             if s is None:
                 chunks.append([])
                 scored.append(1)
             elif s.fed < len(s.prompt):
-                chunks.append(s.prompt[s.fed:s.fed + self.prefill_chunk])
+                chunks.append(s.prompt[s.fed:s.fed + share.get(b, 0)])
                 scored.append(1)
             else:   # the last token, then the drafts the model checks in the same step
                 chunks.append([s.row.token_ids[-1], *s.row.drafts])
                 scored.append(len(chunks[-1]))
         return chunks, scored
+
+    def _prompt_shares(self) -> dict[int, int]:
+        """Row -> prompt tokens it feeds this step: ``prefill_chunk`` in all, handed out in
+        the order the rows joined; a row left without a share feeds nothing this step."""
+        joining = sorted((s.t0, b) for b, s in enumerate(self.seqs)
+                         if s is not None and s.fed < len(s.prompt))
+        left, share = self.prefill_chunk, {}
+        for _, b in joining:
+            seq = self.seqs[b]
+            assert seq is not None
+            share[b] = min(left, len(seq.prompt) - seq.fed)
+            left -= share[b]
+        return share
 
     def _postprocess(self, b: int, s: _Seq, logits: np.ndarray) -> None:
         """Sample from ``logits`` [K, V]; each draft the pick confirms is kept and the next

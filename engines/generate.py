@@ -60,7 +60,7 @@ def generate(engine: AnyEngine, tokenizer: Tokenizer, prompts: Sequence[Sequence
         raise GenerationError("params/constraints must match the prompts one to one")
     # one prefill over the whole prompts, as a fixed batch wants it; the daemon chunks
     decoder = BatchDecoder(engine, tokenizer, len(prompts), prefix,
-                           prefill_chunk=max(len(p) for p in prompts) or 1, cache=cache,
+                           prefill_chunk=sum(len(p) for p in prompts) or 1, cache=cache,
                            on_text=on_text, fast=fast)
     for i, (p, pr) in enumerate(zip(prompts, per_row, strict=True)):
         decoder.add(i, p, pr, None if constraints is None else constraints[i])

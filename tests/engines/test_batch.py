@@ -61,6 +61,43 @@ def test_joining_and_leaving_equals_alone(loaded: tuple[AnyEngine, Tokenizer]) -
     assert all(n > 0 for n in dec.cache.lengths)
 
 
+def test_one_prompt_budget_per_step(loaded: tuple[AnyEngine, Tokenizer]) -> None:
+    """Rows joining together share ``prefill_chunk`` prompt tokens a step, the first to join
+    first: no step feeds more, none is wasted, and each row's tokens are its tokens alone."""
+    engine, tok = loaded
+    prompts = [tok.encode(t) for t in TEXTS[:4]]
+    alone = [generate(engine, tok, [p], _params(i))[0].token_ids
+             for i, p in enumerate(prompts)]
+    budget = 7
+    dec = BatchDecoder(engine, tok, rows=4, prefill_chunk=budget)
+    for i, p in enumerate(prompts):
+        dec.add(i, p, _params(i))
+    fed: list[int] = []          # prompt tokens fed, per step
+    left: list[int] = []         # prompt tokens still to feed before it
+    first_step: list[int] = []
+    schedule = dec._schedule
+
+    def recording() -> tuple[list[list[int]], list[int]]:
+        chunks, scored = schedule()
+        prefilling = [s is not None and s.fed < len(s.prompt) for s in dec.seqs]
+        left.append(sum(len(s.prompt) - s.fed for s in dec.seqs if s is not None))
+        fed.append(sum(len(c) for c, p in zip(chunks, prefilling, strict=True) if p))
+        if not first_step:
+            first_step.extend(len(c) for c in chunks)
+        return chunks, scored
+
+    dec._schedule = recording   # type: ignore[method-assign]
+    got: dict[Hashable, list[int]] = {}
+    while dec.active:
+        got.update((tag, gen.token_ids) for tag, gen in dec.step())
+    assert got == dict(enumerate(alone))
+    # every step feeds what the budget allows of what is left, and never more
+    assert fed == [min(budget, n) for n in left]
+    assert sum(fed) == sum(len(p) for p in prompts)
+    # the row that joined first is fed first
+    assert first_step[0] == min(budget, len(prompts[0])) and first_step[3] == 0
+
+
 def test_run_returns_when_a_row_is_wanted(loaded: tuple[AnyEngine, Tokenizer]) -> None:
     import threading
 
