@@ -154,8 +154,7 @@ def weight_bytes(model: RungForCausalLM, weights: str, spec: QuantSpec | None) -
     """The bytes of weights the graph will store (an estimate for ``--kv auto``): every
     parameter at the float width; with int8/int4 the linear layers as blocks of their bits
     with a float32 scale and a zero point per block, and the embedding table as 8-bit
-    blocks (a tied LM head at 8 bits lends it its own: only the lookup's scales and zero
-    points are added)."""
+    blocks of its own (a tied LM head is a second copy)."""
     from rung.export.mixed import LAYER_UNITS
     from rung.export.quantize import EMBED_BITS, embedding_block
 
@@ -175,11 +174,8 @@ def weight_bytes(model: RungForCausalLM, weights: str, spec: QuantSpec | None) -
     table = model.model.embed_tokens.weight
     block_e = embedding_block(int(table.shape[1]), spec)
     if spec.embeddings != "fp32" and block_e is not None:
-        n = int(table.numel())
-        tied = model.lm_head.weight is table
-        shared = tied and spec.lm_head_bits == EMBED_BITS and (
-            table.shape[1] % spec.layer_block("lm_head") == 0)
-        total += -4 * n + (0 if shared else n * EMBED_BITS // 8) + -(-n // block_e) * 5
+        n = int(table.numel())     # the float table becomes 8-bit blocks of its own
+        total += -4 * n + n * EMBED_BITS // 8 + -(-n // block_e) * 5
     return int(total)
 
 

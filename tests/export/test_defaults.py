@@ -109,6 +109,12 @@ def test_weight_bytes_follow_the_precision(checkpoints: dict[str, tuple[Path, An
     int8 = weight_bytes(model, "int8", quant_spec("int8", None))
     int4 = weight_bytes(model, "int4", quant_spec("int4", None))
     assert int4 < int8 < 4 * params
+    # the embedding table as 8-bit blocks of 32 (a byte and 5 bytes of scale and zero point
+    # a block) where it used to stay float
+    import dataclasses
+    float_table = dataclasses.replace(quant_spec("int4", None), embeddings="fp32")
+    n = model.model.embed_tokens.weight.numel()
+    assert weight_bytes(model, "int4", float_table) - int4 == 3 * n - n // 32 * 5
 
 
 def test_gates_dropped_only_where_fast_decoding_applies_within_the_budget() -> None:
