@@ -154,7 +154,8 @@ def decode_loop(args: argparse.Namespace, dtype: str, state: Path | None) -> dic
                         args.prompt + args.answer + 8, 2048, dtype, args.step_ms / 1e3)
     store = ColdStore(ENGINE_ID, args.ram_mb << 20, state_dir=state)
     prefix = TimedPrefix(store, ENGINE_ID, args.block)
-    dec = BatchDecoder(engine, tokenizer(), args.rows, prefix, prefill_chunk=args.prompt * args.rows)
+    dec = BatchDecoder(engine, tokenizer(), args.rows, prefix,
+                       prefill_chunk=args.prompt * args.rows)
     rng = np.random.default_rng(1)
     params = SamplingParams(max_tokens=args.answer)
     leaving, plain = [], []

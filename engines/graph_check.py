@@ -10,7 +10,8 @@ manifest field, its value and the graph's.
 
 What the graph declares: its inputs and outputs (names, element types, static dims) from
 ONNX Runtime, and the shapes of two initializers read from ``model.onnx`` itself: the RoPE
-table ``rope_cos`` ``[max_seq, *]`` and the embedding ``embed_tokens.weight`` ``[V, hidden]``.
+table ``rope_cos`` ``[max_seq, *]`` and the embedding ``embed_tokens.weight`` ``[V, hidden]``
+(an int8/int4 engine's ``embed_tokens.weight_Q8``, ``[V, blocks, block]``).
 ``onnx`` is an export-only dependency, so those shapes come from a small reader of the
 protobuf wire format (the graph file holds no weights: they sit in the external data file).
 A dimension the graph does not show (symbolic, or an initializer it lacks) is not checked.
@@ -37,6 +38,7 @@ LAYOUT_INPUTS = {KV_LAYOUT: ("position_ids", "past_lengths"),
                  HEAD_MAJOR: ("seqlens_k", "query_seqlens", "total_sequence_length")}
 KV_AXES = {KV_LAYOUT: (2, 3), HEAD_MAJOR: (1, 3)}   # (kv heads, head dim) in past_key_{i}
 ROPE, EMBED = "rope_cos", "embed_tokens.weight"
+EMBED_Q8 = "embed_tokens.weight_Q8"   # an int8/int4 engine's table: [V, blocks, block] codes
 SCALE_LAYOUT = "per_token_per_head"   # the one the scale inputs past_key_{i}_scale carry
 
 Dims = tuple[int | str | None, ...]   # a static dim, a symbolic name, or unnamed
@@ -98,6 +100,10 @@ def check_manifest(m: Manifest, graph: GraphSignature, where: str) -> None:
     if embed and len(embed) == 2 and embed[1] != d.hidden_size:
         refuse("dims.hidden_size", d.hidden_size, f"the graph's {EMBED} has {embed[1]} "
                f"columns (shape {list(embed)})")
+    codes = graph.initializers.get(EMBED_Q8)
+    if codes and len(codes) == 3 and codes[1] * codes[2] != d.hidden_size:
+        refuse("dims.hidden_size", d.hidden_size, f"the graph's {EMBED_Q8} has "
+               f"{codes[1] * codes[2]} columns (shape {list(codes)})")
 
 
 def _check_kv(m: Manifest, graph: GraphSignature, where: str, refuse: _Refuse) -> None:

@@ -3,6 +3,7 @@ a real exported engine of each graph form, is refused naming the field and both 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -74,6 +75,35 @@ def engine_dir(request: pytest.FixtureRequest, engines: dict[str, Path],
     dst = tmp_path / "engine"
     shutil.copytree(src, dst)
     return dst
+
+
+def test_quantized_table_names_the_hidden_size(tmp_path: Path) -> None:
+    """An int8/int4 engine's embedding table is 8-bit codes [V, blocks, block]: the hidden
+    size the manifest states is checked against blocks x block."""
+    from rung.engines.graph_check import GraphSignature, check_manifest, session_signature
+    from rung.engines.manifest import load_manifest
+
+    engine = load_engine(_int4_engine(tmp_path))
+    m = engine.manifest
+    sig = session_signature(engine.session, tmp_path / "engine" / m.graph_file)
+    assert "embed_tokens.weight_Q8" in sig.initializers
+    check_manifest(m, sig, "here")                  # as exported: accepted
+    wrong = dataclasses.replace(m, dims=dataclasses.replace(m.dims, hidden_size=128))
+    with pytest.raises(EngineError, match=r"dims.hidden_size is 128.*64 columns"):
+        check_manifest(wrong, GraphSignature(sig.inputs, sig.outputs, sig.initializers),
+                       "here")
+    assert load_manifest(tmp_path / "engine").dims.hidden_size == 64
+
+
+def _int4_engine(tmp_path: Path) -> Path:
+    from rung.export.exporter import ExportOptions, export
+    from tests.checkpoints import save_checkpoint
+
+    src = tmp_path / "hf"
+    save_checkpoint("llama", src)
+    export(src, tmp_path / "engine", ExportOptions(weights="int4", max_seq=128,
+                                                   quality_budget=10.0))
+    return tmp_path / "engine"
 
 
 def test_untampered_engine_loads(engine_dir: Path) -> None:
