@@ -362,33 +362,34 @@ def quantized_model(model: RungForCausalLM, proto: onnx.ModelProto) -> RungForCa
     if ref.cfg.tie_word_embeddings:
         ref.lm_head.weight = torch.nn.Parameter(ref.lm_head.weight.detach().clone())
     with torch.no_grad():
-        for name, linear, weight, step in dequantized_linears(proto, ref):
-            _check_rounded(name, linear.weight.numpy(), weight, step)
+        for name, linear, weight, _ in dequantized_linears(proto, ref):
+            _check_rounded(name, linear.weight.numpy(), weight)
             linear.weight.copy_(torch.from_numpy(weight))
         table = dequantized_embedding(proto)
         if table is not None:
             embed = ref.model.embed_tokens
-            _check_rounded("embed_tokens", embed.weight.numpy(), table, None)
+            _check_rounded("embed_tokens", embed.weight.numpy(), table)
             embed.weight = torch.nn.Parameter(torch.from_numpy(table))
     return ref.eval()
 
 
 def dequantized_embedding(proto: onnx.ModelProto) -> npt.NDArray[np.float32] | None:
     """The embedding table [V, H] the graph's ``GatherBlockQuantized`` looks rows up in,
-    as float32; None where the table is float."""
+    as float32; None where the table is float. Its 8-bit data, scales and zero points are
+    ``MatMulNBits``' layout with a trailing axis (``_quantize_embedding``)."""
     inits = {t.name: t for t in proto.graph.initializer}
     for node in proto.graph.node:
         if node.op_type != "GatherBlockQuantized":
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs["bits"] != EMBED_BITS:
+            raise ExportError(f"the embedding lookup has {attrs['bits']}-bit data, rung "
+                              f"writes {EMBED_BITS}", "re-export the engine")
         data, scales = (numpy_helper.to_array(inits[i]) for i in (node.input[0], node.input[2]))
-        if attrs["bits"] == 4:                       # two codes to a byte, low nibble first
-            data = np.stack([data & 0x0F, data >> 4], axis=-1).reshape(*data.shape[:2], -1)
-        zero = (numpy_helper.to_array(inits[node.input[3]]).reshape(len(data), -1)
+        zero = (numpy_helper.to_array(inits[node.input[3]]).reshape(-1)
                 if len(node.input) > 3 and node.input[3] else None)
-        blocks = Blocks(data, scales.reshape(len(data), -1), zero, attrs["bits"],
-                        attrs["block_size"], data.shape[1] * attrs["block_size"])
-        return blocks.dequantize()
+        n, blocks, block = data.shape
+        return dequantize(data, scales.reshape(-1), EMBED_BITS, blocks * block, n, block, zero)
     return None
 
 
@@ -419,8 +420,8 @@ def _linear(model: torch.nn.Module, path: str) -> torch.nn.Linear:
     return found
 
 
-def _check_rounded(name: str, original: npt.NDArray[np.float32], weight: npt.NDArray[np.float32],
-                   step: npt.NDArray[np.float32] | None) -> None:
+def _check_rounded(name: str, original: npt.NDArray[np.float32],
+                   weight: npt.NDArray[np.float32]) -> None:
     """A weight in the wrong place (rows swapped, blocks shifted, a bad zero point) is as
     far from the original as another matrix: relative error ~1.4. Rounding at 4 bits stays
     near 0.1; single elements may move several steps where importance weighting lets a
