@@ -14,6 +14,15 @@ them (``body_grammar``), so two classes of refusal cannot be generated any more:
   conversion function, or a member the declared instance's standard FB type has
   (``tmr.Q``); FB inputs are passed by name (``IN :=``), outputs read (``Q =>``) and never
   assigned; arrays are indexed, FB instances are called, not used as values.
+- types: expressions are typed by class (BOOL, number, duration, string): a condition, a
+  BOOL target and an FB's BOOL input (``IN``, ``CLK``, ``CU``) take a BOOL expression,
+  ``PT`` a duration, a REAL or INT target a number; BOOLs are compared only for equality.
+  What the execution check refused after the fact (``cannot store a REAL in tmr.IN``)
+  cannot be written;
+- size: an expression chains at most six operands (four for durations), a run of blanks
+  holds at most one line break, and at most four of them or comments stand between two
+  statements: a model that cannot go on where it wants to runs out of room, not into
+  pages of blanks.
 
 The body is text inside a JSON string, so the grammar speaks JSON-escaped ST: a line break
 is the two characters ``\\n``, and no ``"`` or ``\\`` appears except in those escapes (ST
@@ -27,6 +36,7 @@ The validators stay the judge: the grammar is a subset of what they accept, not 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -36,7 +46,6 @@ from rung.daemon.tasks.st import (
     FB_OUTPUTS,
     INTEGER_TYPES,
     RESERVED_NAMES,
-    STANDARD_FUNCTIONS,
 )
 
 BODY_MARK = '"body":"'
@@ -49,7 +58,9 @@ Member = tuple[str, Mapping[str, Any], bool]
 # on one line, both bounded) only between statements: a comment left open would let anything
 # through to the end of the answer. Separate lexemes: one regex for both would keep "/"
 # and "(" open as a comment's start after a space, and the lexer cannot step back there.
-_SPACE = r"/(?:[ ]|\\n|\\t|\\r)+/"
+# at most one line break and 24 blanks a lexeme, four lexemes between statements: room for
+# any layout an engineer writes, none for a model that pads where it cannot go on
+_SPACE = r"/(?:[ ]|\\t){1,24}|(?:\\r)?\\n(?:[ ]|\\t){0,24}/"
 _COMMENT = (r'/\/\/[^\\"\x00-\x1f]{0,160}\\n'
             r'|\(\*(?:[^*\\"\x00-\x1f]|\*+[^*)\\"\x00-\x1f]){0,160}\*+\)/')
 _UNIT = r"[0-9]+(?:\.[0-9]+)?(?:ms|us|ns|MS|US|NS|d|h|m|s|D|H|M|S)"
@@ -62,7 +73,7 @@ LITERAL_PATTERN = (rf"^(TRUE|FALSE|-?{_DIGITS}(\.{_DIGITS})?([eE][+-]?[0-9]+)?|{
 _FIXED = rf"""
 %llguidance {{}}
 sp: SPACE
-gap: (SPACE | COMMENT)+
+gap: (SPACE | COMMENT){{1,4}}
 SPACE: {_SPACE}
 COMMENT: {_COMMENT}
 INT: /{_DIGITS}/
@@ -72,20 +83,51 @@ TIME: /(?:T|TIME|LTIME)#-?{_DURATION}/
 STRING: /'(?:[^'$\\"\x00-\x1f]|\$[$'LNPRTlnprt]|\$[0-9A-Fa-f]{{2}})*'/
 RANGE: /-?[0-9]+\.\.-?[0-9]+/
 block: (stmt gap?)*
-if_stmt: "IF" sp expr sp "THEN" gap block elsif* else? "END_IF" sp? ";"
-elsif: "ELSIF" sp expr sp "THEN" gap block
+if_stmt: "IF" sp bexpr sp "THEN" gap block elsif* else? "END_IF" sp? ";"
+elsif: "ELSIF" sp bexpr sp "THEN" gap block
 else: "ELSE" gap block
-case_stmt: "CASE" sp expr sp "OF" gap case_item+ else? "END_CASE" sp? ";"
+case_stmt: "CASE" sp nexpr sp "OF" gap case_item+ else? "END_CASE" sp? ";"
 case_item: case_label (sp? "," sp? case_label)* sp? ":" gap? block
 case_label: INT | "-" INT | RANGE | BASED
-while_stmt: "WHILE" sp expr sp "DO" gap block "END_WHILE" sp? ";"
-repeat_stmt: "REPEAT" gap block "UNTIL" sp expr sp? "END_REPEAT" sp? ";"
-expr: unary (sp? SYMOP sp? unary | sp WORDOP sp unary)*
-SYMOP: /(?:\*\*|[-+*\/&=<>]|<>|<=|>=)/
-WORDOP: /(?:AND|OR|XOR|MOD)/
-unary: primary | "-" sp? primary | "NOT" sp unary | "NOT" sp? "(" sp? expr sp? ")"
-primary: literal | value | "(" sp? expr sp? ")" | function sp? "(" sp? args? sp? ")"
-args: expr (sp? "," sp? expr)*
+while_stmt: "WHILE" sp bexpr sp "DO" gap block "END_WHILE" sp? ";"
+repeat_stmt: "REPEAT" gap block "UNTIL" sp bexpr sp? "END_REPEAT" sp? ";"
+CMP: /(?:<>|<=|>=|[=<>])/
+ARITH: /(?:\*\*|[-+*\/])/
+boolop: "AND" | "OR" | "XOR"
+bexpr: bunary (sp boolop sp bunary | sp? "&" sp? bunary){{0,5}}
+bunary: batom | "NOT" sp bunary | "NOT" sp? "(" sp? bexpr sp? ")"
+compare: nexpr sp? CMP sp? nexpr | texpr sp? CMP sp? texpr | sexpr sp? CMP sp? sexpr
+nexpr: nunary (sp? ARITH sp? nunary | sp "MOD" sp nunary){{0,5}}
+nunary: natom | "-" sp? natom
+texpr: tunary (sp? ARITH sp? (tunary | natom)){{0,3}}
+tunary: tatom | "-" sp? tatom
+nargs: nexpr (sp? "," sp? nexpr)*
+targs: texpr (sp? "," sp? texpr)*
+anyexpr: bexpr | nexpr | texpr | sexpr
+nfunc: nfname sp? "(" sp? nargs sp? ")" | minmax sp? "(" sp? nargs sp? ")"
+    | "SEL" sp? "(" sp? bexpr sp? "," sp? nexpr sp? "," sp? nexpr sp? ")"
+    | "MUX" sp? "(" sp? nexpr (sp? "," sp? nexpr)+ sp? ")"
+    | sfname_n sp? "(" sp? sexpr (sp? "," sp? sexpr)* sp? ")"
+    | CONV_N sp? "(" sp? anyexpr sp? ")"
+tfunc: minmax sp? "(" sp? targs sp? ")"
+    | "SEL" sp? "(" sp? bexpr sp? "," sp? texpr sp? "," sp? texpr sp? ")"
+    | tfname sp? "(" sp? texpr sp? "," sp? texpr sp? ")"
+    | tscale sp? "(" sp? texpr sp? "," sp? nexpr sp? ")" | CONV_T sp? "(" sp? anyexpr sp? ")"
+bfunc: bcmp sp? "(" sp? nargs sp? ")" | blogic sp? "(" sp? bexpr (sp? "," sp? bexpr)* sp? ")"
+    | "SEL" sp? "(" sp? bexpr sp? "," sp? bexpr sp? "," sp? bexpr sp? ")"
+    | CONV_B sp? "(" sp? anyexpr sp? ")"
+sfunc: sfname sp? "(" sp? (sexpr | nexpr) (sp? "," sp? (sexpr | nexpr))* sp? ")"
+    | CONV_S sp? "(" sp? anyexpr sp? ")"
+nfname: "ABS" | "SQRT" | "LN" | "LOG" | "EXP" | "SIN" | "COS" | "TAN" | "ASIN" | "ACOS"
+    | "ATAN" | "ATAN2" | "EXPT" | "ADD" | "SUB" | "MUL" | "DIV" | "MOD" | "MOVE" | "TRUNC"
+    | "ROUND" | "SHL" | "SHR" | "ROL" | "ROR"
+minmax: "MAX" | "MIN" | "LIMIT"
+sfname_n: "LEN" | "FIND"
+tfname: "ADD_TIME" | "SUB_TIME"
+tscale: "MUL_TIME" | "DIV_TIME"
+bcmp: "GT" | "GE" | "EQ" | "LE" | "LT" | "NE"
+blogic: "AND" | "OR" | "XOR" | "NOT"
+sfname: "LEFT" | "RIGHT" | "MID" | "CONCAT" | "INSERT" | "DELETE" | "REPLACE"
 """
 
 
@@ -115,13 +157,32 @@ def resolved(schema: Any, defs: Mapping[str, Any]) -> Any:
     return schema
 
 
-def _conversions() -> str:
+# the value classes the grammar keeps apart: BOOL, numbers (integers, bit strings, reals),
+# durations, strings; a declared type outside them (DATE, a user type) is left out
+KINDS = ("b", "n", "t", "s")
+_KIND_OF = {"BOOL": "b", "REAL": "n", "LREAL": "n", "TIME": "t", "LTIME": "t", "STRING": "s",
+            "WSTRING": "s", "CHAR": "s", "WCHAR": "s", "INT": "n",
+            **{t: "n" for t in INTEGER_TYPES}}
+_STRING_TYPE = re.compile(r"^W?STRING\s*[(\[]\s*[0-9]+\s*[)\]]$")
+
+
+def kind_of(type_text: str) -> str | None:
+    """The value class of a declared type (``KINDS``), None outside them."""
+    t = " ".join(type_text.upper().split())
+    return "s" if _STRING_TYPE.match(t) else _KIND_OF.get(t)
+
+
+def _conversions(kind: str) -> str:
+    """The conversion functions whose result is of class ``kind``."""
     types = "|".join(sorted(CONVERSION_TYPES, key=lambda t: (-len(t), t)))
-    return f"/(?:(?:{types})_TO_(?:{types})|TO_(?:{types})|(?:(?:{types})_)?TRUNC_(?:{types}))/"
+    dst = "|".join(sorted((t for t in CONVERSION_TYPES if kind_of(t) == kind),
+                          key=lambda t: (-len(t), t)))
+    return (f"/(?:(?:{types})_TO_(?:{dst})|TO_(?:{dst})"
+            + (f"|(?:(?:{types})_)?TRUNC_(?:{dst})" if kind == "n" else "") + ")/")
 
 
-def _is_array(type_text: str) -> bool:
-    return type_text.upper().replace(" ", "").startswith("ARRAY[")
+_ARRAY_OF = re.compile(r"^ARRAY\s*\[.*\]\s*OF\s+(.+)$", re.I | re.S)
+KIND_OF_FB = {"BOOL": "b", "TIME": "t", "INT": "n"}   # an FB member's type -> its class
 
 
 def _is_integer_like(type_text: str) -> bool:
@@ -140,11 +201,10 @@ def literal_pattern(numbers: Sequence[str] | None = None) -> str:
             rf"|'[^'$\\\"]*')$")
 
 
-def _literal_rule(numbers: Sequence[str] | None) -> list[str]:
+def _number_rule(numbers: Sequence[str] | None) -> list[str]:
     if numbers is None:
-        return ['literal: INT | BASED | REAL | TIME | STRING | "TRUE" | "FALSE"']
-    return [f"NUMBER: {_alt(sorted(numbers, key=len, reverse=True))}",
-            'literal: NUMBER | TIME | STRING | "TRUE" | "FALSE"']
+        return ["number: INT | BASED | REAL"]
+    return [f"NUMBER: {_alt(sorted(numbers, key=len, reverse=True))}", "number: NUMBER"]
 
 
 def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = (),
@@ -155,13 +215,17 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
     properties the schema puts after the body (``after``: key, schema, required; compact
     JSON, in order) and the brace. None when the declarations cannot carry a grammar (no
     usable name: the validators will say why). A VAR_INPUT is read, never assigned.
+    Expressions are typed by class (``KINDS``): a condition, an FB's BOOL input and a BOOL
+    target take a BOOL expression (a comparison of two numbers or two durations, a BOOL
+    variable or member, ``NOT``/``AND``/``OR``), a REAL or INT target a number, a TIME
+    target or ``PT`` a duration; a timer's ``IN`` is never a REAL.
     ``numbers``: the only numeric literals the body may write (the request's stated
     values, ``st_request.literals``); None: any. ``fixed``: variables read, never assigned
     (the setpoints code declared from the request's values)."""
     fixed_upper = {f.upper() for f in fixed}
-    plain: list[str] = []      # variables used as values
-    writable: list[str] = []   # ... and as assignment targets (not VAR_INPUT)
-    arrays: list[str] = []
+    var: dict[str, list[str]] = {k: [] for k in KINDS}        # read as values
+    writable: dict[str, list[str]] = {k: [] for k in KINDS}   # ... and assigned
+    arrays: dict[str, list[str]] = {k: [] for k in KINDS}
     integers: list[str] = []   # FOR loop counters
     instances: dict[str, list[str]] = {}   # standard FB type -> its declared instances
     seen: set[str] = set()
@@ -173,67 +237,96 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         fb = vtype.upper()
         if fb in FB_INPUTS:
             instances.setdefault(fb, []).append(name)
-        elif _is_array(vtype):
-            arrays.append(name)
-        else:
-            plain.append(name)
-            if v.get("section") != "VAR_INPUT" and name.upper() not in fixed_upper:
-                writable.append(name)
-                if _is_integer_like(vtype):
-                    integers.append(name)
+            continue
+        array = _ARRAY_OF.match(" ".join(vtype.split()))
+        kind = kind_of(array.group(1) if array else vtype)
+        if kind is None:
+            continue   # a type the grammar does not type: the body cannot use it
+        if array:
+            arrays[kind].append(name)
+            continue
+        var[kind].append(name)
+        if v.get("section") != "VAR_INPUT" and name.upper() not in fixed_upper:
+            writable[kind].append(name)
+            if _is_integer_like(vtype):
+                integers.append(name)
     pou_name = str(pou.get("name", ""))
-    if str(pou.get("pou_type", "")).upper() == "FUNCTION" and pou_name.upper() not in seen:
-        plain.append(pou_name)
-        writable.append(pou_name)
+    ret = kind_of(str(pou.get("return_type", "")))
+    if (str(pou.get("pou_type", "")).upper() == "FUNCTION" and pou_name.upper() not in seen
+            and ret is not None):
+        var[ret].append(pou_name)
+        writable[ret].append(pou_name)
+    values: dict[str, list[str]] = {k: [] for k in KINDS}
+    targets: dict[str, list[str]] = {k: [] for k in KINDS}
     rules = ["start: HEAD gap? block TAIL tail",
              f"HEAD: {_lit(head)}",
              'TAIL: "\\""',
              "tail: " + " ".join(_member(*m) for m in after) + ' "}"',
-             f"function: {_alt(sorted(STANDARD_FUNCTIONS))} | CONVERSION",
-             f"CONVERSION: {_conversions()}",
-             *_literal_rule(numbers),
-             ]
-    statements = ["assign", "if_stmt", "case_stmt", "while_stmt", "repeat_stmt",
-                  '"RETURN" sp? ";"', '"EXIT" sp? ";"']
-    if integers:
-        rules += [f"counter: {_alt(integers)}",
-                  'for_stmt: "FOR" sp counter sp? ":=" sp? expr sp "TO" sp expr '
-                  '(sp "BY" sp expr)? sp "DO" gap block "END_FOR" sp? ";"']
-        statements.append("for_stmt")
-    values = ["variable"] if plain else []
-    targets = ["writable"] if writable else []
-    if plain:
-        rules.append(f"variable: {_alt(plain)}")
-    if writable:
-        rules.append(f"writable: {_alt(writable)}")
-    if arrays:
-        rules.append(f"array: {_alt(arrays)}")
-        values.append('array sp? "[" sp? expr sp? "]"')
-        targets.append('array sp? "[" sp? expr sp? "]"')
+             *_number_rule(numbers),
+             *(f"CONV_{k.upper()}: {_conversions(k)}" for k in KINDS)]
+    for k in KINDS:
+        if var[k]:
+            rules.append(f"{k}var: {_alt(var[k])}")
+            values[k].append(f"{k}var")
+        if writable[k]:
+            rules.append(f"{k}w: {_alt(writable[k])}")
+            targets[k].append(f"{k}w")
+        if arrays[k]:
+            rules.append(f"{k}arr: {_alt(arrays[k])}")
+            values[k].append(f'{k}arr sp? "[" sp? nexpr sp? "]"')
+            targets[k].append(f'{k}arr sp? "[" sp? nexpr sp? "]"')
     calls = []
     for fb, names in sorted(instances.items()):
         key = fb.lower()
-        ins, outs = list(FB_INPUTS[fb]), list(FB_OUTPUTS[fb])
-        rules += [f"inst_{key}: {_alt(names)}",
-                  f"in_{key}: {_alt(ins)}",
-                  f"out_{key}: {_alt(outs)}",
-                  f'arg_{key}: in_{key} sp? ":=" sp? expr'
-                  + (f' | out_{key} sp? "=>" sp? target' if writable or arrays else ""),
+        members: dict[str, list[str]] = {k: [] for k in KINDS}
+        ins: dict[str, list[str]] = {k: [] for k in KINDS}
+        for m, t in FB_INPUTS[fb].items():
+            members[KIND_OF_FB[t]].append(m)
+            ins[KIND_OF_FB[t]].append(m)
+        for m, t in FB_OUTPUTS[fb].items():
+            members[KIND_OF_FB[t]].append(m)
+        rules.append(f"inst_{key}: {_alt(names)}")
+        for k in KINDS:
+            if members[k]:
+                values[k].append(f'inst_{key} "." ({_alt(members[k])})')
+            if ins[k]:
+                targets[k].append(f'inst_{key} "." ({_alt(ins[k])})')
+        calls.append((key, fb))
+    expr = {"b": "bexpr", "n": "nexpr", "t": "texpr", "s": "sexpr"}
+    for k in KINDS:
+        if values[k]:
+            rules.append(f"{k}value: {' | '.join(values[k])}")
+        if targets[k]:
+            rules.append(f"{k}target: {' | '.join(targets[k])}")
+    for key, fb in calls:
+        args = [f'{_lit(m)} sp? ":=" sp? {expr[KIND_OF_FB[t]]}' for m, t in FB_INPUTS[fb].items()]
+        args += [f'{_lit(m)} sp? "=>" sp? {KIND_OF_FB[t]}target'
+                 for m, t in FB_OUTPUTS[fb].items() if targets[KIND_OF_FB[t]]]
+        rules += [f"arg_{key}: {' | '.join(args)}",
                   f'call_{key}: inst_{key} sp? "(" sp? (arg_{key} (sp? "," sp? arg_{key})*)? '
                   'sp? ")"']
-        calls.append(f"call_{key}")
-        values.append(f'inst_{key} "." (in_{key} | out_{key})')
-        targets.append(f'inst_{key} "." in_{key}')
-    if not values:
+    if not any(values.values()):
         return None
-    rules.append(f"value: {' | '.join(values)}")
-    if targets:
-        rules += [f"target: {' | '.join(targets)}",
-                  'assign: target sp? ":=" sp? expr sp? ";"']
-    else:   # nothing to assign (inputs only): calls and control flow remain
-        statements.remove("assign")
+    bval = " | bvalue" if values["b"] else ""
+    rules += [
+        f'batom: "TRUE" | "FALSE" | "(" sp? bexpr sp? ")" | compare | bfunc{bval}'
+        + (' | bvalue sp? ("=" | "<>") sp? (bvalue | "TRUE" | "FALSE")' if values["b"] else ""),
+        'natom: number | "(" sp? nexpr sp? ")" | nfunc' + (" | nvalue" if values["n"] else ""),
+        'tatom: TIME | "(" sp? texpr sp? ")" | tfunc' + (" | tvalue" if values["t"] else ""),
+        "sexpr: STRING | sfunc" + (" | svalue" if values["s"] else "")]
+    statements = ["if_stmt", "case_stmt", "while_stmt", "repeat_stmt",
+                  '"RETURN" sp? ";"', '"EXIT" sp? ";"']
+    assigns = [f'{k}target sp? ":=" sp? {expr[k]} sp? ";"' for k in KINDS if targets[k]]
+    if assigns:
+        rules.append(f"assign: {' | '.join(assigns)}")
+        statements.insert(0, "assign")
+    if integers:
+        rules += [f"counter: {_alt(integers)}",
+                  'for_stmt: "FOR" sp counter sp? ":=" sp? nexpr sp "TO" sp nexpr '
+                  '(sp "BY" sp nexpr)? sp "DO" gap block "END_FOR" sp? ";"']
+        statements.append("for_stmt")
     if calls:
-        rules.append(f"call: {' | '.join(calls)}")
+        rules.append("call: " + " | ".join(f"call_{key}" for key, _ in calls))
         statements.append('call sp? ";"')
     rules.append(f"stmt: {' | '.join(statements)}")
     return _FIXED + "\n".join(rules) + "\n"

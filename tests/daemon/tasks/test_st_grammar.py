@@ -116,6 +116,13 @@ def test_every_corpus_answer_is_accepted_from_its_own_declarations(
     "CASE i OF\n    0, 1: bValve := TRUE; (* open *)\n    2..5: bValve := FALSE;\n"
     "ELSE\n    i := INT_TO_INT(0);\nEND_CASE;",
     "tmrFill(IN := bValve, PT := T#1m30s, Q => bValve, ET => tmrFill.PT);",
+    # typed expressions: a condition into IN, durations compared and scaled, arithmetic
+    # compared, a conversion, BOOLs compared
+    "tmrFill(IN := rLevel > 80.0 AND NOT bDrainOpen, PT := T#5s);",
+    "bValve := tmrFill.ET >= T#2s * 2 OR (rLevel - 1.0) * 2.0 < 50.0;",
+    "i := i + 1;\nbValve := i MOD 2 = 0 & bDrainOpen;",
+    "aLog[i] := INT_TO_REAL(i) / 10.0;\nbValve := bValve = bDrainOpen;",
+    "bValve := GT(rLevel, MAX(aLog[0], 1.0)) XOR AND(bValve, NOT (rLevel < 1.0));",
 ])
 def test_valid_bodies_pass_the_grammar_and_the_validators(
         tokenizer: llguidance.LLTokenizer, body: str) -> None:
@@ -127,7 +134,10 @@ def test_valid_bodies_pass_the_grammar_and_the_validators(
 # where the grammar is stricter than the validators (what a type checker would refuse, or
 # a comment form it keeps to one line)
 STRICTER = {"a block comment over lines", "an FB instance as a value",
-            "an array without its index", "a WSTRING literal"}
+            "an array without its index", "a WSTRING literal", "a REAL into a timer's IN",
+            "a number as a condition", "a BOOL in arithmetic", "a BOOL stored in a REAL",
+            "a duration compared with a number", "a number as a timer's preset",
+            "BOOLs ordered", "a runaway expression"}
 
 
 @pytest.mark.parametrize(("body", "why"), [
@@ -149,6 +159,15 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
     ("rLevel := FOO_TO_REAL(i);", "no such conversion"),
     ("tmrFill(IN := bValve, PT := T#1h_30m);", "a TIME with '_' between its units"),
     ("i := 28_;", "a number ending in '_'"),
+    ("tmrFill(IN := rLevel, PT := T#5s);", "a REAL into a timer's IN"),
+    ("IF rLevel THEN bValve := TRUE; END_IF;", "a number as a condition"),
+    ("i := bValve + 1;", "a BOOL in arithmetic"),
+    ("aLog[0] := bDrainOpen;", "a BOOL stored in a REAL"),
+    ("bValve := tmrFill.ET > 5.0;", "a duration compared with a number"),
+    ("tmrFill(IN := bValve, PT := 5.0);", "a number as a timer's preset"),
+    ("bValve := NOT bValve = 1;", "a BOOL in arithmetic"),
+    ("bValve := bValve > bDrainOpen;", "BOOLs ordered"),
+    ("bValve := bDrainOpen" + " AND bDrainOpen" * 6 + ";", "a runaway expression"),
 ])
 def test_broken_bodies_cannot_be_generated(
         tokenizer: llguidance.LLTokenizer, body: str, why: str) -> None:

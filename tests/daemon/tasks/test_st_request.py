@@ -131,10 +131,12 @@ def test_the_interface_a_request_states_is_written_by_code() -> None:
     assert grammar is not None
     assert isinstance(grammar, Lark)
     rules = grammar.text
-    writable = next(r for r in rules.splitlines() if r.startswith("writable:"))
-    variable = next(r for r in rules.splitlines() if r.startswith("variable:"))
-    assert '"rOpenBelow"' in variable and '"rOpenBelow"' not in writable
-    assert '"bValve"' in writable and '"rLevel"' not in writable
+    numbers = next(r for r in rules.splitlines() if r.startswith("nvar:"))
+    assert '"rOpenBelow"' in numbers and '"iBatch"' in numbers
+    # no number may be assigned: the setpoints are fixed, the others inputs
+    assert not any(r.startswith("nw:") for r in rules.splitlines())
+    bools = next(r for r in rules.splitlines() if r.startswith("bw:"))
+    assert '"bValve"' in bools and '"bDrainOpen"' not in bools
     # a FUNCTION's return type comes before its variables: the model writes it all
     assert shape(st.output_schema, st.validators, {**data, "pou_type": "FUNCTION"}).prefix == ""
     assert shape(st.output_schema, st.validators, {"description": "x"}).prefix == ""
