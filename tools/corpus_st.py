@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from rung.tools.corpus_st_combined import COMBINED
 from rung.tools.corpus_st_control import CONTROL
 from rung.tools.corpus_st_kit import Kit
 from rung.tools.corpus_st_logic import LOGIC
@@ -18,7 +19,7 @@ from rung.tools.corpus_st_setpoints import in_served_form
 
 Builder = Callable[[Kit], tuple[dict[str, Any], dict[str, Any]]]
 
-ARCHETYPES: dict[str, Builder] = {**CONTROL, **LOGIC, **MORE}
+ARCHETYPES: dict[str, Builder] = {**CONTROL, **LOGIC, **MORE, **COMBINED}
 """Archetype name -> builder."""
 _DRAWS = 8
 

@@ -74,7 +74,7 @@ _UNITS = {u.lower() for u in (
 # declared and called (a table, not a chain of ifs)
 BLOCKS: dict[str, tuple[re.Pattern[str], tuple[str, ...]]] = {
     "timer": (re.compile(rf"\b(delay(ed)?|timeouts?\b|time[- ]?outs?\b|debounce|on[- ]delay|"
-                         rf"off[- ]delay|run[- ]on|(after|for|within|longer than|more than|"
+                         rf"off[- ]delay|run[- ]on\b|(after|for|within|longer than|more than|"
                          rf"at least|pulse of|delay of|every|(stays?|persists?|remains?|"
                          rf"is)( \w+)?) \d+(\.\d+)? ?({_DURATION_WORDS})\b|"
                          rf"\d+(\.\d+)? ?({_DURATION_WORDS}) (after|later|delay|on|off|"

@@ -1,6 +1,7 @@
-"""The archetypes of ``corpus_st_more``: every sample passes the st_code task's validation and
-is judged right, uses only numbers the request lets the grammar write, and behaves as its
-description says when run on the ST interpreter (vectors computed from its parameters)."""
+"""The archetypes of ``corpus_st_more`` and ``corpus_st_combined``: every sample passes the
+st_code task's validation and is judged right, uses only numbers the request lets the
+grammar write, and behaves as its description says when run on the ST interpreter (vectors
+computed from its parameters)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,16 @@ from rung.daemon.tasks.st_exec import run_vectors
 from rung.daemon.tasks.task import Task, load_tasks
 from rung.daemon.tasks.validate import validate_output
 from rung.tools.corpus_st import ARCHETYPES
+from rung.tools.corpus_st_combined import COMBINED
+from rung.tools.corpus_st_combined import WITH_PARAMS as COMBINED_WITH_PARAMS
 from rung.tools.corpus_st_kit import Kit
-from rung.tools.corpus_st_more import MORE, WITH_PARAMS
+from rung.tools.corpus_st_more import MORE as MORE_ONLY
+from rung.tools.corpus_st_more import WITH_PARAMS as MORE_WITH_PARAMS
 from rung.tools.corpus_st_setpoints import in_served_form
 
 Params = dict[str, Any]
+MORE = {**MORE_ONLY, **COMBINED}
+WITH_PARAMS = {**MORE_WITH_PARAMS, **COMBINED_WITH_PARAMS}
 Steps = list[dict[str, Any]]
 SEEDS = range(50)
 # archetypes whose requests state no value with a unit that the POU holds by name
@@ -259,7 +265,91 @@ def _cyclic_sequencer(p: Params) -> tuple[Steps, float]:
     return steps, 0.05
 
 
+def _two_point_alarm(p: Params) -> tuple[Steps, float]:
+    pv, out, alm, d = p["pv"], p["out"], p["alarm"], p["delay_s"]
+    low, high, at = p["low"], p["high"], p["alarm_at"]
+    below, mid = low - (high - low) / 4, (low + high) / 2
+    above, over = high + (at - high) / 2, at + (high - low) / 2
+    on_at, off_at = (below, above) if p["rising"] else (above, below)
+    steps = [_set(0, **{pv: on_at}), _expect(0.3, **{out: True, alm: False}),
+             _set(0.5, **{pv: mid}), _expect(0.8, **{out: True}),           # hysteresis
+             _set(1, **{pv: off_at}), _expect(1.3, **{out: False, alm: False}),
+             _set(1.5, **{pv: mid}), _expect(1.8, **{out: False}),
+             _set(2, **{pv: over}), _expect(2 + d - 0.4, **{alm: False}),  # delayed
+             _expect(2 + d + 0.4, **{alm: True}),
+             _set(3 + d, **{pv: mid}), _expect(3.3 + d, **{alm: False})]
+    return steps, 0.1
+
+
+def _two_point_interlock(p: Params) -> tuple[Steps, float]:
+    pv, lock, out = p["pv"], p["lock"], p["out"]
+    low, high = p["low"], p["high"]
+    hold, free = (False, True) if p["permissive"] else (True, False)
+    below, mid, above = low - (high - low) / 4, (low + high) / 2, high + (high - low) / 4
+    on_at, off_at = (below, above) if p["rising"] else (above, below)
+    steps = [_set(0, **{pv: on_at, lock: free}), _expect(0.3, **{out: True}),
+             _set(0.5, **{lock: hold}), _expect(0.8, **{out: False}),
+             _set(1, **{pv: mid}), _expect(1.3, **{out: False}),
+             _set(1.5, **{lock: free}), _expect(1.8, **{out: True}),      # demand kept
+             _set(2, **{pv: off_at}), _expect(2.3, **{out: False}),
+             _set(2.5, **{lock: hold}), _set(3, **{lock: free, pv: mid}),
+             _expect(3.3, **{out: False})]
+    return steps, 0.1
+
+
+def _supervised_drive(p: Params) -> tuple[Steps, float]:
+    start, stop, estop, motion, ack, drive, jam = (
+        p[x] for x in ("start", "stop", "estop", "motion", "ack", "drive", "jam"))
+    w = p["watch_s"]
+    steps = [_set(0, **{estop: True, stop: False, start: False, motion: False, ack: False}),
+             _expect(0.2, **{drive: False}),
+             _set(0.5, **{start: True}), _expect(0.7, **{drive: True}), _set(0.8, **{start: False}),
+             _set(0.5 + 0.6 * w, **{motion: True}), _set(0.7 + 0.6 * w, **{motion: False}),
+             _expect(0.5 + w + 0.3, **{drive: True, jam: False}),   # the signal came
+             _expect(0.7 + 1.6 * w - 0.4, **{drive: True}),
+             _expect(0.7 + 1.6 * w + 0.4, **{drive: False, jam: True})]
+    t = 0.7 + 1.6 * w + 1
+    steps += [_set(t, **{start: True}), _expect(t + 0.2, **{drive: False}),   # blocked
+              _set(t + 0.3, **{start: False}), _set(t + 0.5, **{ack: True}),
+              _expect(t + 0.7, **{jam: False, drive: False}), _set(t + 0.8, **{ack: False}),
+              _set(t + 1, **{start: True}), _expect(t + 1.2, **{drive: True}),
+              _set(t + 1.3, **{start: False}), _set(t + 1.5, **{stop: True}),
+              _expect(t + 1.7, **{drive: False}), _set(t + 1.8, **{stop: False}),
+              _set(t + 2, **{start: True}), _expect(t + 2.2, **{drive: True}),
+              _set(t + 2.3, **{start: False}), _set(t + 2.5, **{estop: False}),
+              _expect(t + 2.7, **{drive: False})]
+    return steps, 0.1
+
+
+def _low_alarm_ack(p: Params) -> tuple[Steps, float]:
+    pv, run, ack, horn, lamp, d = (p[x] for x in ("pv", "running", "ack", "horn", "lamp",
+                                                  "delay_s"))
+    normal, low = p["low"] * 2, p["low"] / 2
+    steps = [_set(0, **{run: True, pv: normal, ack: False}),
+             _expect(0.3, **{horn: False, lamp: False}),
+             _set(0.5, **{pv: low}), _expect(0.5 + d - 0.4, **{horn: False}),
+             _set(0.5 + d - 0.2, **{pv: normal})]                       # a short dip
+    t = 1 + d
+    steps += [_set(t, **{pv: low}), _expect(t + d + 0.4, **{horn: True, lamp: True})]
+    t += d + 1
+    steps += [_set(t, **{ack: True}), _expect(t + 0.2, **{horn: False, lamp: True}),
+              _set(t + 0.4, **{ack: False}), _expect(t + 0.8, **{lamp: True}),   # still low
+              _set(t + 1, **{pv: normal}), _expect(t + 1.3, **{lamp: False})]
+    t += 2
+    steps += [_set(t, **{pv: low}), _expect(t + d + 0.4, **{horn: True, lamp: True})]
+    t += d + 1
+    steps += [_set(t, **{ack: True}), _set(t + 0.3, **{ack: False, pv: normal}),
+              _expect(t + 0.6, **{horn: False, lamp: False}),
+              _set(t + 1, **{run: False}), _set(t + 1.2, **{pv: low}),
+              _expect(t + 1.2 + 2 * d, **{horn: False, lamp: False})]   # not running
+    return steps, 0.1
+
+
 VECTORS: dict[str, Callable[[Params], tuple[Steps, float]]] = {
+    "two_point_alarm": _two_point_alarm,
+    "two_point_interlock": _two_point_interlock,
+    "supervised_drive": _supervised_drive,
+    "low_alarm_ack": _low_alarm_ack,
     "restart_lockout": _restart_lockout,
     "two_hand": _two_hand,
     "discrepancy": _discrepancy,
@@ -305,4 +395,15 @@ def test_behaviour_catches_a_broken_lockout() -> None:
     steps, scan_s = _restart_lockout(params)
     broken = dict(output, body=re.sub(r"PT := \S+\)", "PT := T#0MS)", output["body"]))
     result = run_vectors(broken, {"scan_s": scan_s, "steps": steps})
+    assert not result["ok"]
+
+
+def test_behaviour_catches_a_forgotten_alarm() -> None:
+    """A two-point control that writes the hysteresis and forgets the delayed alarm (what
+    a model that saw the two apart writes) fails the combined archetype's vectors."""
+    _, output, params = _sample("two_point_alarm", 3)
+    steps, scan_s = _two_point_alarm(params)
+    lines = [ln for ln in output["body"].splitlines() if params["alarm"] not in ln]
+    result = run_vectors(dict(output, body="\n".join(lines)),
+                         {"scan_s": scan_s, "steps": steps})
     assert not result["ok"]

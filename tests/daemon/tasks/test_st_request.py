@@ -86,6 +86,10 @@ def test_the_building_blocks_the_behaviour_needs_are_declared_and_called() -> No
                      {"section": "VAR", "name": "tIdle", "type": "TON"}])
     assert st_request.blocks_used(s, whole)["ok"]
     assert st_request.read({"description": "Lamp on while the door is open."}).needs == ()
+    # "run only while ...": no run-on, no timer needed
+    assert st_request.read({"description": "The pump may run only while the valve is "
+                                           "open."}).needs == ()
+    assert st_request.read({"description": "Fan with a run-on of 2 min."}).needs == ("timer",)
 
 
 def test_a_var_input_assigned_fails_the_check() -> None:
