@@ -17,6 +17,9 @@ them (``body_grammar``), so two classes of refusal cannot be generated any more:
 - types: expressions are typed by class (BOOL, number, duration, string): a condition, a
   BOOL target and an FB's BOOL input (``IN``, ``CLK``, ``CU``) take a BOOL expression,
   ``PT`` a duration, a REAL or INT target a number; BOOLs are compared only for equality.
+  A comparison of numbers has a live side (a variable that is not a setpoint, an FB's
+  member, a function): two setpoints or a setpoint and a literal compared
+  (``rOn >= rOff``) are a constant, never what the request asked;
   What the execution check refused after the fact (``cannot store a REAL in tmr.IN``)
   cannot be written;
 - size: an expression chains at most six operands (four for durations), a run of blanks
@@ -96,9 +99,13 @@ ARITH: /(?:\*\*|[-+*\/])/
 boolop: "AND" | "OR" | "XOR"
 bexpr: bunary (sp boolop sp bunary | sp? "&" sp? bunary){{0,5}}
 bunary: batom | "NOT" sp bunary | "NOT" sp? "(" sp? bexpr sp? ")"
-compare: nexpr sp? CMP sp? nexpr | texpr sp? CMP sp? texpr | sexpr sp? CMP sp? sexpr
+compare: lexpr sp? CMP sp? nexpr | nexpr sp? CMP sp? lexpr | texpr sp? CMP sp? texpr
+    | sexpr sp? CMP sp? sexpr
 nexpr: nunary (sp? ARITH sp? nunary | sp "MOD" sp nunary){{0,5}}
 nunary: natom | "-" sp? natom
+nop: sp? ARITH sp? | sp "MOD" sp
+lexpr: (nunary nop){{0,5}} lunary (nop nunary){{0,5}}
+lunary: latom | "-" sp? latom
 texpr: tunary (sp? ARITH sp? (tunary | natom)){{0,3}}
 tunary: tatom | "-" sp? tatom
 nargs: nexpr (sp? "," sp? nexpr)*
@@ -227,6 +234,7 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
     writable: dict[str, list[str]] = {k: [] for k in KINDS}   # ... and assigned
     arrays: dict[str, list[str]] = {k: [] for k in KINDS}
     integers: list[str] = []   # FOR loop counters
+    consts: list[str] = []     # the numeric setpoints (``fixed``)
     instances: dict[str, list[str]] = {}   # standard FB type -> its declared instances
     seen: set[str] = set()
     for v in pou.get("variables") or []:
@@ -244,6 +252,9 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
             continue   # a type the grammar does not type: the body cannot use it
         if array:
             arrays[kind].append(name)
+            continue
+        if kind == "n" and name.upper() in fixed_upper:
+            consts.append(name)   # a setpoint: a value, never compared with a constant
             continue
         var[kind].append(name)
         if v.get("section") != "VAR_INPUT" and name.upper() not in fixed_upper:
@@ -264,6 +275,8 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
              "tail: " + " ".join(_member(*m) for m in after) + ' "}"',
              *_number_rule(numbers),
              *(f"CONV_{k.upper()}: {_conversions(k)}" for k in KINDS)]
+    if consts:
+        rules.append(f"nfix: {_alt(consts)}")
     for k in KINDS:
         if var[k]:
             rules.append(f"{k}var: {_alt(var[k])}")
@@ -305,13 +318,15 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         rules += [f"arg_{key}: {' | '.join(args)}",
                   f'call_{key}: inst_{key} sp? "(" sp? (arg_{key} (sp? "," sp? arg_{key})*)? '
                   'sp? ")"']
-    if not any(values.values()):
+    if not any(values.values()) and not consts:
         return None
     bval = " | bvalue" if values["b"] else ""
     rules += [
         f'batom: "TRUE" | "FALSE" | "(" sp? bexpr sp? ")" | compare | bfunc{bval}'
         + (' | bvalue sp? ("=" | "<>") sp? (bvalue | "TRUE" | "FALSE")' if values["b"] else ""),
-        'natom: number | "(" sp? nexpr sp? ")" | nfunc' + (" | nvalue" if values["n"] else ""),
+        'natom: number | "(" sp? nexpr sp? ")" | nfunc' + (" | nvalue" if values["n"] else "")
+        + (" | nfix" if consts else ""),
+        'latom: "(" sp? lexpr sp? ")" | nfunc' + (" | nvalue" if values["n"] else ""),
         'tatom: TIME | "(" sp? texpr sp? ")" | tfunc' + (" | tvalue" if values["t"] else ""),
         "sexpr: STRING | sfunc" + (" | svalue" if values["s"] else "")]
     statements = ["if_stmt", "case_stmt", "while_stmt", "repeat_stmt",

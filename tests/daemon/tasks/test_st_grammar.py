@@ -339,3 +339,32 @@ def test_a_var_input_is_never_assigned(tokenizer: llguidance.LLTokenizer) -> Non
     assert not _accepts(tokenizer, _body_grammar(), _with_body("rLevel := 1.0;"))
     assert not _accepts(tokenizer, _body_grammar(), _with_body("FOR i := 0 TO 9 DO rLevel "
                                                                ":= 0.0; END_FOR;"))
+
+
+def test_a_comparison_has_a_live_side(tokenizer: llguidance.LLTokenizer) -> None:
+    """Setpoints hold the request's values: compared with each other or with a literal
+    they give a constant (the demo model wrote ``IF rOnOvenTemperature >= rOff``); a
+    comparison of numbers reads at least one value that changes."""
+    data = {"description": "Fill valve: open below 20 %, close above 80 %.",
+            "name": "FB_Fill", "pou_type": "FUNCTION_BLOCK",
+            "constraints": ["Inputs: rLevel : REAL, bDrainOpen : BOOL",
+                            "VAR_OUTPUT bValve : BOOL"]}
+    s = shape(ST.output_schema, ST.validators, data)
+    assert s.restage is not None and '"rOpenBelow"' in s.prefix
+    head = s.prefix + '],"body":"'
+    grammar = s.restage(head)
+    assert isinstance(grammar, Lark)
+
+    def accepts(body: str) -> bool:
+        return _accepts(tokenizer, grammar, head + body + '"}')
+
+    for live in ("IF rLevel < rOpenBelow THEN bValve := TRUE; END_IF;",
+                 "IF rCloseAbove < rLevel THEN bValve := FALSE; END_IF;",
+                 "bValve := (rLevel - 1.0) * 2.0 > rCloseAbove + 1.0;",
+                 "bValve := MAX(rLevel, 0.0) >= rOpenBelow;"):
+        assert accepts(live), live
+    for constant in ("IF rOpenBelow < rCloseAbove THEN bValve := TRUE; END_IF;",
+                     "bValve := rOpenBelow = 20.0;",
+                     "bValve := 80.0 > rCloseAbove + 1.0;",
+                     "bValve := rOpenBelow < rOpenBelow;"):
+        assert not accepts(constant), constant

@@ -136,7 +136,8 @@ def test_the_interface_a_request_states_is_written_by_code() -> None:
     assert isinstance(grammar, Lark)
     rules = grammar.text
     numbers = next(r for r in rules.splitlines() if r.startswith("nvar:"))
-    assert '"rOpenBelow"' in numbers and '"iBatch"' in numbers
+    setpoints = next(r for r in rules.splitlines() if r.startswith("nfix:"))
+    assert '"rOpenBelow"' in setpoints and '"iBatch"' in numbers
     # no number may be assigned: the setpoints are fixed, the others inputs
     assert not any(r.startswith("nw:") for r in rules.splitlines())
     bools = next(r for r in rules.splitlines() if r.startswith("bw:"))
