@@ -167,6 +167,14 @@ async def _ask_all(cfg: Any, inputs: dict[str, list[dict[str, Any]]],
     return out
 
 
+def _verdict(answer: dict[str, Any]) -> str:
+    """How the demo states one answer from a PLC's request: every check a plant engineer
+    would apply passed (the checks gate: an answer that fails one is retried, then refused)."""
+    if answer.get("ok"):
+        return "right (every check passed)"
+    return f"not valid: {answer.get('error')}"
+
+
 def _show(task: str, inputs: list[dict[str, Any]], replies: list[dict[str, Any]]) -> None:
     from rung.daemon.tasks.quality import Tally, judge
 
@@ -284,10 +292,10 @@ def _plc_round(cfg: Any, plc: Any) -> None:
     diag = event.get("diagnosis") or {}
     if diag.get("output") is not None:
         print(json.dumps(diag["output"], indent=2, ensure_ascii=False))
-    print(f"--- {'valid' if diag.get('ok') else 'not valid: ' + str(diag.get('error'))}")
+    print(f"--- {_verdict(diag)}")
     ft = event.get("fault_tree")
     if ft is not None:
-        print(f"--- fault tree: {'valid' if ft.get('ok') else 'not valid'}"
+        print(f"--- fault tree: {'right' if ft.get('ok') else 'not valid'}"
               + (f", top event P = {ft['validation']['fault_tree'].get('top_probability')}"
                  if ft.get("ok") else f" ({(ft.get('error') or {}).get('message')})"))
     print(f"--- handed back to the PLC: err = {err} ({ERR_CODES.get(err, '?')}), result = "
@@ -336,8 +344,7 @@ def _opc_round(cfg: Any, plc: Any) -> None:
     diag = event.get("diagnosis") or {}
     if diag.get("output") is not None:
         print(json.dumps(diag["output"], indent=2, ensure_ascii=False))
-    print(f"--- {'right (every check passed)' if diag.get('ok') else 'not valid: '}"
-          f"{'' if diag.get('ok') else diag.get('error')}")
+    print(f"--- {_verdict(diag)}")
     print(f"--- handed back to the PLC: err = {err} ({ERR_CODES.get(err, '?')}), result = "
           f"{result}, done = TRUE, busy = {plc.get('busy')}")
     plc.set("req", 0)
