@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rung.tools.corpus_st_kit import VOCAB, Kit, human_time, real
+from rung.tools.corpus_st_kit import VOCAB, Kit, human_time, num, real
 
 Pair = tuple[dict[str, Any], dict[str, Any]]
 Params = dict[str, Any]
@@ -38,15 +38,6 @@ _VOCAB: dict[str, tuple[str, str]] = {
 _CLASH = set(_VOCAB) & set(VOCAB)
 assert not _CLASH, f"concepts already in VOCAB: {sorted(_CLASH)}"
 VOCAB.update(_VOCAB)
-
-
-def _an(k: Kit, pou_type: str) -> tuple[str, str]:
-    a = k.a_pou(pou_type)
-    return a, a[0].upper() + a[1:]
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if x == int(x) else str(x)
 
 
 def _limit(k: Kit, concept: str, x: float, inline: bool, note: str) -> str:
@@ -108,9 +99,9 @@ def _two_point_alarm(k: Kit) -> tuple[Pair, Params]:
     body = k.note("two-point control") + _two_point(k, pv, out, lo, hi, rising)
     body += k.note(f"alarm: above the limit for {human_time(delay)}")
     body += [f"{timer}(IN := {pv} > {al}, PT := {k.time(delay)});", f"{alm} := {timer}.Q;"]
-    lo_t, hi_t, al_t, u, d = _num(low), _num(high), _num(alarm), unit, human_time(delay)
+    lo_t, hi_t, al_t, u, d = num(low), num(high), num(alarm), unit, human_time(delay)
     on, off = _switching(rising, lo_t, hi_t, u)
-    a, big = _an(k, pou_type)
+    a, big = k.an_pou(pou_type)
     desc = k.pick((
         f"{big} for the {what}: switch it on when the {quantity} is {on} and off when it "
         f"is {off}. Raise an alarm if the {quantity} stays above {al_t} {u} for {d}.",
@@ -158,10 +149,10 @@ def _two_point_interlock(k: Kit) -> tuple[Pair, Params]:
     body += k.note("the interlock overrides the demand")
     body += [f"{out} := {demand} AND {lock};" if permissive
              else f"{out} := {demand} AND NOT {lock};"]
-    lo_t, hi_t, u = _num(low), _num(high), unit
+    lo_t, hi_t, u = num(low), num(high), unit
     on, off = _switching(rising, lo_t, hi_t, u)
     rule = (f"only while {lock_what}" if permissive else f"never while {lock_what}")
-    a, big = _an(k, pou_type)
+    a, big = k.an_pou(pou_type)
     desc = k.pick((
         f"{big} for the {what}: on {on}, off {off}; it may run {rule}. When the interlock "
         f"goes away the {what} follows the {quantity} again.",
@@ -209,7 +200,7 @@ def _supervised_drive(k: Kit) -> tuple[Pair, Params]:
     body += [f"IF {stop} OR NOT {estop} OR {jam} THEN", f"    {drive} := FALSE;",
              f"ELSIF {start} THEN", f"    {drive} := TRUE;", "END_IF;"]
     w = human_time(watch)
-    a, big = _an(k, pou_type)
+    a, big = k.an_pou(pou_type)
     desc = k.pick((
         f"{big} for a {what}: the start button starts it, the stop button or the e-stop "
         f"stops it. If it runs for {w} without a signal from {sensor_what}, stop it and "
@@ -265,8 +256,8 @@ def _low_alarm_ack(k: Kit) -> tuple[Pair, Params]:
     body += k.note("the lamp goes out once acknowledged and back to normal")
     body += [f"IF {acked} AND {pv} >= {lo} THEN", f"    {lamp} := FALSE;",
              f"    {acked} := FALSE;", "END_IF;"]
-    lo_t, u, d = _num(low), unit, human_time(delay)
-    a, big = _an(k, pou_type)
+    lo_t, u, d = num(low), unit, human_time(delay)
+    a, big = k.an_pou(pou_type)
     desc = k.pick((
         f"{big}: while the {machine} runs and the {quantity} is below {lo_t} {u} for more "
         f"than {d}, sound the horn and light the lamp. Acknowledge switches the horn off; "

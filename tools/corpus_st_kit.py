@@ -106,6 +106,11 @@ _ARTICLE = {"FUNCTION_BLOCK": ("a function block", "an FB", "a function block (F
 _GENERIC = ("a POU", "Structured Text", "IEC 61131-3 ST", "PLC code")
 
 
+def num(x: float) -> str:
+    """A stated value for prose: ``5``, ``5.5``."""
+    return str(int(x)) if x == int(x) else str(x)
+
+
 def cap(word: str) -> str:
     """``word`` with its first letter upper case."""
     return word[:1].upper() + word[1:]
@@ -244,6 +249,11 @@ class Kit:
         """How the instruction names the POU kind (sometimes generically)."""
         choices = _GENERIC if self.chance(0.25) else _ARTICLE[pou_type]
         return self.rng.choice(choices)
+
+    def an_pou(self, pou_type: str) -> tuple[str, str]:
+        """``a_pou`` as written inside a sentence and at its start (capitalised)."""
+        a = self.a_pou(pou_type)
+        return a, cap(a)
 
     def finish(self, pou_type: str, names: tuple[str, str] | str, description: str,
                body: list[str], return_type: str | None = None,

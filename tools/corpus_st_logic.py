@@ -9,11 +9,6 @@ from rung.tools.corpus_st_kit import Kit, human_time, real
 Pair = tuple[dict[str, Any], dict[str, Any]]
 
 
-def _an(k: Kit, pou_type: str) -> tuple[str, str]:
-    a = k.a_pou(pou_type)
-    return a, a[0].upper() + a[1:]
-
-
 def alarm_latch(k: Kit) -> Pair:
     """Alarm with on-delay, latched until acknowledged (R_TRIG on ack) and cleared."""
     analog = k.chance(0.5)
@@ -36,7 +31,7 @@ def alarm_latch(k: Kit) -> Pair:
     body += k.note("acknowledge: the alarm stays while the condition persists")
     body += [f"IF {edge}.Q THEN", f"    {horn} := FALSE;", f"    {alarm} := {t}.Q;", "END_IF;"]
     what = "a value above its limit (REAL inputs)" if analog else "a BOOL condition"
-    a, big = _an(k, "FUNCTION_BLOCK")
+    a, big = k.an_pou("FUNCTION_BLOCK")
     desc = k.pick((
         f"Write {a} for a latching alarm on {what}: on-delay {human_time(delay)}, latched until "
         "acknowledged on the rising edge of ack; outputs alarm and unacknowledged.",
@@ -68,7 +63,7 @@ def fan_run_on(k: Kit) -> Pair:
         body += [f"{t_air}(IN := {fan} AND NOT {flow_ok}, PT := {k.time(supervise)});",
                  f"IF {t_air}.Q THEN", f"    {fault} := TRUE;", "END_IF;",
                  f"{enable} := NOT {fault};"]
-    a, big = _an(k, pou_type)
+    a, big = k.an_pou(pou_type)
     air = (f"; if the airflow switch stays open {human_time(supervise)} while the fan runs, "
            "latch a fan fault and drop the heater enable") if airflow else ""
     desc = k.pick((
@@ -95,7 +90,7 @@ def lube_pulse(k: Kit) -> Pair:
     trigger = f"{t}.Q AND NOT {low}" if level else f"{t}.Q"
     body += [f"{p}(IN := {trigger}, PT := {k.time(pulse)});", f"{valve} := {p}.Q;"]
     body += [f"{warn} := {low} AND {en};"] if level else []
-    a, _ = _an(k, pou_type)
+    a, _ = k.an_pou(pou_type)
     lv = "; skip pulses and warn while the reservoir is low" if level else ""
     desc = k.pick((
         f"Write {a} for central lubrication: while the machine runs, open the lube valve for "
@@ -117,7 +112,7 @@ def debounce(k: Kit) -> Pair:
             f"{t_off}(IN := NOT {raw}, PT := {k.time(off_ms)});",
             f"IF {t_on}.Q THEN", f"    {out} := TRUE;", f"ELSIF {t_off}.Q THEN",
             f"    {out} := FALSE;", "END_IF;"]
-    a, big = _an(k, "FUNCTION_BLOCK")
+    a, big = k.an_pou("FUNCTION_BLOCK")
     desc = k.pick((
         f"Write {a} debouncing a digital input: output goes TRUE after the input is stable "
         f"TRUE for {human_time(on_ms)} and FALSE after {human_time(off_ms)} stable FALSE.",
@@ -149,7 +144,7 @@ def batch_counter(k: Kit) -> Pair:
     if auto:
         body += k.note("box change: pulse, then count the next batch")
         body += [f"{box}(IN := {ctu}.Q, PT := {k.time(change)});"]
-    a, big = _an(k, pou_type)
+    a, big = k.an_pou(pou_type)
     au = (f"; when the batch is full, a {human_time(change)} box-change pulse (TP) resets the "
           "counter") if auto else ""
     desc = k.pick((
@@ -175,7 +170,7 @@ def toggle_button(k: Kit) -> Pair:
             "END_IF;"]
     if central:
         body += [f"IF {off} THEN", f"    {light} := FALSE;", "END_IF;"]
-    a, _ = _an(k, pou_type)
+    a, _ = k.an_pou(pou_type)
     c = "; a central-off input switches it off" if central else ""
     desc = k.pick((f"Write {a} for an impulse relay: each press of the button toggles the "
                    f"light (rising edge with R_TRIG){c}.",
@@ -197,7 +192,7 @@ def trip_detect(k: Kit) -> Pair:
     body += k.note("stopped although still commanded: a trip")
     body += [f"IF {fall}.Q AND {cmd} THEN", f"    {tripped} := TRUE;", "END_IF;",
              f"IF {reset} THEN", f"    {tripped} := FALSE;", "END_IF;"]
-    a, big = _an(k, "FUNCTION_BLOCK")
+    a, big = k.an_pou("FUNCTION_BLOCK")
     desc = k.pick((
         f"Write {a} that counts motor starts on the rising edge of the running feedback and "
         "latches a trip when running drops (F_TRIG) while the command is still on.",
@@ -254,7 +249,7 @@ def flasher(k: Kit) -> Pair:
              f"{t_on}(IN := {t_off}.Q, PT := {k.time(on_ms)});",
              f"{lamp} := {alarm} AND ({t_off}.Q OR {acked});",
              f"{horn} := {alarm} AND NOT {acked};"]
-    a, _ = _an(k, pou_type)
+    a, _ = k.an_pou(pou_type)
     desc = k.pick((
         f"Write {a} for an alarm beacon: flash ({human_time(on_ms)} on / {human_time(off_ms)} "
         "off, built from two TONs) while the alarm is unacknowledged, steady on after ack; "
@@ -281,7 +276,7 @@ def operating_hours(k: Kit) -> Pair:
             f"IF {t}.Q THEN", f"    {secs} := {secs} + 1;", "END_IF;",
             f"IF {reset} THEN", f"    {secs} := 0;", "END_IF;",
             f"{hours} := DINT_TO_REAL({secs}) / 3600.0;", f"{due} := {hours} >= {after};"]
-    a, _ = _an(k, pou_type)
+    a, _ = k.an_pou(pou_type)
     desc = k.pick((
         f"Write {a} for an operating-hours counter: count running seconds with a 1 s TON "
         f"pulse, output hours as REAL, service due after {service:g} h, reset input.",

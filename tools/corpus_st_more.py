@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rung.tools.corpus_st_kit import VOCAB, Kit, cap, human_time, real
+from rung.tools.corpus_st_kit import VOCAB, Kit, cap, human_time, num, real
 
 Pair = tuple[dict[str, Any], dict[str, Any]]
 Params = dict[str, Any]
@@ -79,11 +79,6 @@ assert not _CLASH, f"concepts already in VOCAB: {sorted(_CLASH)}"
 VOCAB.update(_MORE_VOCAB)
 
 
-def _an(k: Kit, pou_type: str) -> tuple[str, str]:
-    a = k.a_pou(pou_type)
-    return a, a[0].upper() + a[1:]
-
-
 def _fb_var(k: Kit, concept: str, fb_type: str) -> str:
     """A local FB instance; for a type the kit has no Hungarian prefix for (CTUD), the
     prefix is its lower-case type name."""
@@ -98,11 +93,6 @@ def _fb_var(k: Kit, concept: str, fb_type: str) -> str:
 def _a(word: str) -> str:
     """``word`` with its indefinite article: ``an air damper``, ``a flap``."""
     return ("an " if word[:1].lower() in "aeiou" else "a ") + word
-
-
-def _num(x: float) -> str:
-    """A stated value for prose: ``5``, ``5.5``."""
-    return str(int(x)) if x == int(x) else str(x)
 
 
 # --- 1. restart lockout -------------------------------------------------------------------
@@ -125,9 +115,9 @@ def _restart_lockout(k: Kit) -> tuple[Pair, Params]:
         if k.chance(0.5) else ""
     inline = k.chance(0.3)
     cut_in = real(on_x) if inline else k.var("VAR", "m_cutIn", "REAL", real(on_x),
-                                             f"start below {_num(on_x)} {unit}")
+                                             f"start below {num(on_x)} {unit}")
     cut_out = real(off_x) if inline else k.var("VAR", "m_cutOut", "REAL", real(off_x),
-                                               f"stop above {_num(off_x)} {unit}")
+                                               f"stop above {num(off_x)} {unit}")
     timer = k.var("VAR", "m_lockout", "TOF" if use_tof else "TON",
                   comment=f"minimum off time {human_time(lock)}")
     if use_tof:
@@ -146,8 +136,8 @@ def _restart_lockout(k: Kit) -> tuple[Pair, Params]:
         body += [f"{locked} := NOT {run} AND {blocked};"]
     what = k.pick(("booster pump", "pressure pump")) if pump else k.pick(
         ("compressor", "air compressor", "compressor motor"))
-    on, off, u, t = _num(on_x), _num(off_x), unit, human_time(lock)
-    a, big = _an(k, pou_type)
+    on, off, u, t = num(on_x), num(off_x), unit, human_time(lock)
+    a, big = k.an_pou(pou_type)
     power = ("" if use_tof else k.pick((" (this also holds after power-up)",
                                          "; after power-up the lockout runs first")))
     desc = k.pick((
@@ -206,7 +196,7 @@ def _two_hand(k: Kit) -> tuple[Pair, Params]:
     body += [f"    IF NOT {a_btn} AND NOT {b_btn} THEN", f"        {armed} := TRUE;",
              "    END_IF;", "END_IF;"]
     w = human_time(window)
-    a, big = _an(k, pou_type)
+    a, big = k.an_pou(pou_type)
     es = " The E-stop chain (NC) must be healthy too." if guard else ""
     desc = k.pick((
         f"Write {a} for two-hand control of a press: the stroke output comes on only if both "
@@ -267,7 +257,7 @@ def _discrepancy(k: Kit) -> tuple[Pair, Params]:
     thing = k.pick(("damper", "air damper", "flap")) if damper else k.pick(
         ("on/off valve", "shut-off valve", "solenoid valve"))
     tr, bo = human_time(travel), human_time(both_ms)
-    a, big = _an(k, pou_type)
+    a, big = k.an_pou(pou_type)
     dr = k.pick((" While the alarm is on, the output is switched off.",
                  " The output drops while the alarm is active.")) if drop else ""
     desc = k.pick((
@@ -333,8 +323,8 @@ def _pulse_pause(k: Kit) -> tuple[Pair, Params]:
         body += [f"{out} := {enable} AND {duty} >= {min_v} AND "
                  f"(TIME_TO_REAL({timer}.ET) < {share} * TIME_TO_REAL({k.time(period)}) OR "
                  f"{duty} >= 100.0);"]
-    p, m = human_time(period), _num(min_pct)
-    a, big = _an(k, pou_type)
+    p, m = human_time(period), num(min_pct)
+    a, big = k.an_pou(pou_type)
     desc = k.pick((
         f"Write {a} turning a 0..100 % REAL into a pulse-pause output: cycle time {p}, the "
         f"output is on for that share of each cycle, starting at the beginning of the cycle. "
@@ -394,8 +384,8 @@ def _hh_trip(k: Kit) -> tuple[Pair, Params]:
     body += [f"IF {timer}.Q THEN", f"    {tripped} := TRUE;",
              f"ELSIF {edge}.Q AND {value} < {rlim} THEN", f"    {tripped} := FALSE;", "END_IF;",
              f"{out} := {request} AND NOT {tripped};"]
-    h, r, d, u = _num(hh), _num(reset_x), human_time(delay), unit
-    a, big = _an(k, pou_type)
+    h, r, d, u = num(hh), num(reset_x), human_time(delay), unit
+    a, big = k.an_pou(pou_type)
     desc = k.pick((
         f"Write {a} for a high-high trip: if the {quantity} stays above {h} {u} for {d}, "
         f"trip and latch, switching the {plant} off. Reset by the reset push button (rising "
@@ -455,7 +445,7 @@ def _updown_count(k: Kit) -> tuple[Pair, Params]:
     body += k.note("hysteresis on the hold signal")
     body += [f"IF {count} >= {full_v} THEN", f"    {hold} := TRUE;",
              f"ELSIF {count} < {rel_v} THEN", f"    {hold} := FALSE;", "END_IF;"]
-    a, big = _an(k, pou_type)
+    a, big = k.an_pou(pou_type)
     how = "a CTUD" if use_ctud else k.pick(("R_TRIG on each sensor", "rising edges of the "
                                                                       "two sensors"))
     floor = "" if use_ctud else " The count never goes below zero."
@@ -520,7 +510,7 @@ def _timed_sequence(k: Kit) -> tuple[Pair, Params]:
     steps = [f"{fam[3]} for {human_time(d)}" for fam, d in zip(family, durations, strict=True)]
     listing = ", then ".join(steps)
     numbered = "; ".join(f"step {i + 1}: {s}" for i, s in enumerate(steps))
-    a, big = _an(k, pou_type)
+    a, big = k.an_pou(pou_type)
     desc = k.pick((
         f"Write {a} with a step sequence (CASE on an INT step): on the rising edge of start "
         f"run {listing}. Only one output is on at a time; stop aborts at once to step 0 with "
@@ -568,7 +558,7 @@ def _cyclic_sequencer(k: Kit) -> tuple[Pair, Params]:
     body += [f"{o} := {enable} AND {t_pulse}.Q AND {chan} = {i + 1};"
              for i, o in enumerate(outs)]
     iv, pu = human_time(interval), human_time(pulse)
-    a, big = _an(k, pou_type)
+    a, big = k.an_pou(pou_type)
     desc = k.pick((
         f"Write {a} for a dust filter cleaning sequencer (Abreinigung): while enabled, fire "
         f"the {n} jet valves one after another, one every {iv}, each with a pulse of {pu}, "

@@ -313,6 +313,19 @@ _INPUT_SECTIONS = ("VAR_INPUT", "VAR_IN_OUT")
 _OUTPUT_SECTIONS = ("VAR_OUTPUT", "VAR_IN_OUT", "RESULT")
 
 
+def type_kind(type_text: str) -> tuple[str, bool]:
+    """The value class of a declared type as the interpreter runs it (``bool``, ``int``,
+    ``real``, ``time``, ``string``; ``other`` where it does not run it) and whether the
+    type is an array of it."""
+    t = " ".join(type_text.upper().split())
+    array = _ARRAY_RE.match(t)
+    if array is not None:
+        t = array[3].strip()
+    if (m := _STRING_TYPE_RE.match(t)) is not None:
+        t = m[1]
+    return _kind(t), array is not None
+
+
 @dataclass
 class _Decl:
     name: str                        # as declared

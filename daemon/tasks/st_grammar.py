@@ -19,9 +19,8 @@ them (``body_grammar``), so two classes of refusal cannot be generated any more:
   ``PT`` a duration, a REAL or INT target a number; BOOLs are compared only for equality.
   A comparison of numbers has a live side (a variable that is not a setpoint, an FB's
   member, a function): two setpoints or a setpoint and a literal compared
-  (``rOn >= rOff``) are a constant, never what the request asked;
-  What the execution check refused after the fact (``cannot store a REAL in tmr.IN``)
-  cannot be written;
+  (``rOn >= rOff``) are a constant, never what the request asked. What the execution
+  check refused after the fact (``cannot store a REAL in tmr.IN``) cannot be written;
 - size: an expression chains at most six operands (four for durations), a run of blanks
   holds at most one line break, and at most four of them or comments stand between two
   statements: a model that cannot go on where it wants to runs out of room, not into
@@ -39,7 +38,6 @@ The validators stay the judge: the grammar is a subset of what they accept, not 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -50,6 +48,7 @@ from rung.daemon.tasks.st import (
     INTEGER_TYPES,
     RESERVED_NAMES,
 )
+from rung.daemon.tasks.st_exec import type_kind
 
 BODY_MARK = '"body":"'
 VARIABLES_MARK = '"variables":['
@@ -104,7 +103,7 @@ compare: lexpr sp? CMP sp? nexpr | nexpr sp? CMP sp? lexpr | texpr sp? CMP sp? t
 nexpr: nunary (sp? ARITH sp? nunary | sp "MOD" sp nunary){{0,5}}
 nunary: natom | "-" sp? natom
 nop: sp? ARITH sp? | sp "MOD" sp
-lexpr: (nunary nop){{0,5}} lunary (nop nunary){{0,5}}
+lexpr: (nunary nop){{0,2}} lunary (nop nunary){{0,3}}
 lunary: latom | "-" sp? latom
 texpr: tunary (sp? ARITH sp? (tunary | natom)){{0,3}}
 tunary: tatom | "-" sp? tatom
@@ -165,18 +164,30 @@ def resolved(schema: Any, defs: Mapping[str, Any]) -> Any:
 
 
 # the value classes the grammar keeps apart: BOOL, numbers (integers, bit strings, reals),
-# durations, strings; a declared type outside them (DATE, a user type) is left out
+# durations, strings, from the interpreter's classes (``st_exec.type_kind``); a type it
+# does not run (DATE, a user type) is left out
 KINDS = ("b", "n", "t", "s")
-_KIND_OF = {"BOOL": "b", "REAL": "n", "LREAL": "n", "TIME": "t", "LTIME": "t", "STRING": "s",
-            "WSTRING": "s", "CHAR": "s", "WCHAR": "s", "INT": "n",
-            **{t: "n" for t in INTEGER_TYPES}}
-_STRING_TYPE = re.compile(r"^W?STRING\s*[(\[]\s*[0-9]+\s*[)\]]$")
+_KIND_OF = {"bool": "b", "int": "n", "real": "n", "time": "t", "string": "s"}
+
+
+def typed(type_text: str) -> tuple[str | None, bool]:
+    """The value class of a declared type (``KINDS``; None outside them) and whether the
+    type is an array of it."""
+    kind, array = type_kind(type_text)
+    return _KIND_OF.get(kind), array
 
 
 def kind_of(type_text: str) -> str | None:
-    """The value class of a declared type (``KINDS``), None outside them."""
-    t = " ".join(type_text.upper().split())
-    return "s" if _STRING_TYPE.match(t) else _KIND_OF.get(t)
+    """The value class of a scalar type (None for an array or a type outside ``KINDS``)."""
+    kind, array = typed(type_text)
+    return None if array else kind
+
+
+def _fb_kind(type_text: str) -> str:
+    """The class of a standard FB member's type (BOOL, TIME, INT)."""
+    kind = kind_of(type_text)
+    assert kind is not None, type_text
+    return kind
 
 
 def _conversions(kind: str) -> str:
@@ -186,10 +197,6 @@ def _conversions(kind: str) -> str:
                           key=lambda t: (-len(t), t)))
     return (f"/(?:(?:{types})_TO_(?:{dst})|TO_(?:{dst})"
             + (f"|(?:(?:{types})_)?TRUNC_(?:{dst})" if kind == "n" else "") + ")/")
-
-
-_ARRAY_OF = re.compile(r"^ARRAY\s*\[.*\]\s*OF\s+(.+)$", re.I | re.S)
-KIND_OF_FB = {"BOOL": "b", "TIME": "t", "INT": "n"}   # an FB member's type -> its class
 
 
 def _is_integer_like(type_text: str) -> bool:
@@ -246,8 +253,7 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         if fb in FB_INPUTS:
             instances.setdefault(fb, []).append(name)
             continue
-        array = _ARRAY_OF.match(" ".join(vtype.split()))
-        kind = kind_of(array.group(1) if array else vtype)
+        kind, array = typed(vtype)
         if kind is None:
             continue   # a type the grammar does not type: the body cannot use it
         if array:
@@ -294,10 +300,10 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         members: dict[str, list[str]] = {k: [] for k in KINDS}
         ins: dict[str, list[str]] = {k: [] for k in KINDS}
         for m, t in FB_INPUTS[fb].items():
-            members[KIND_OF_FB[t]].append(m)
-            ins[KIND_OF_FB[t]].append(m)
+            members[_fb_kind(t)].append(m)
+            ins[_fb_kind(t)].append(m)
         for m, t in FB_OUTPUTS[fb].items():
-            members[KIND_OF_FB[t]].append(m)
+            members[_fb_kind(t)].append(m)
         rules.append(f"inst_{key}: {_alt(names)}")
         for k in KINDS:
             if members[k]:
@@ -312,9 +318,9 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         if targets[k]:
             rules.append(f"{k}target: {' | '.join(targets[k])}")
     for key, fb in calls:
-        args = [f'{_lit(m)} sp? ":=" sp? {expr[KIND_OF_FB[t]]}' for m, t in FB_INPUTS[fb].items()]
-        args += [f'{_lit(m)} sp? "=>" sp? {KIND_OF_FB[t]}target'
-                 for m, t in FB_OUTPUTS[fb].items() if targets[KIND_OF_FB[t]]]
+        args = [f'{_lit(m)} sp? ":=" sp? {expr[_fb_kind(t)]}' for m, t in FB_INPUTS[fb].items()]
+        args += [f'{_lit(m)} sp? "=>" sp? {_fb_kind(t)}target'
+                 for m, t in FB_OUTPUTS[fb].items() if targets[_fb_kind(t)]]
         rules += [f"arg_{key}: {' | '.join(args)}",
                   f'call_{key}: inst_{key} sp? "(" sp? (arg_{key} (sp? "," sp? arg_{key})*)? '
                   'sp? ")"']
