@@ -57,8 +57,10 @@ RUNG_WEIGHTS = {"rung-int8": "int8", "rung-int4": "int4", "rung-int4-head4": "in
                 "rung-int4-capmax": "int4:::max", "rung-int4-kv16-capmin": "int4::fp16:1100",
                 "rung-int4-kv16-capmax": "int4::fp16:max", "rung-int4-plain": "int4::::10"}
 # rung artifact kind -> ``rung export --weights``, every other option at its default (what
-# ``rung export MODEL --weights int4`` gives a user: --kv auto, the default --max-seq)
-RUNG_DEFAULT = {"rung-int8-default": "int8", "rung-int4-default": "int4"}
+# ``rung export MODEL --weights int4`` gives a user: --kv auto, the default --max-seq), then
+# ":KV" (``--kv``) where it differs: the default with another cache dtype, side by side
+RUNG_DEFAULT = {"rung-int8-default": "int8", "rung-int4-default": "int4",
+                "rung-int8-default-kv16": "int8:fp16", "rung-int4-default-kv16": "int4:fp16"}
 # onnxruntime-genai artifact kind -> builder ``-p``
 GENAI = {"ortgenai": "fp32", "ortgenai-int4": "int4", "ortgenai-int8": "int8"}
 # OpenVINO GenAI engine -> the llama.cpp artifact whose GGUF file its LLMPipeline loads (its
@@ -215,15 +217,17 @@ def _build_rung_default(preset: str, out: Path, weights: str) -> None:
     from rung.engines.errors import ExportError
     from rung.export.exporter import ExportOptions, export
 
+    weights, kv = (weights.split(":") + ["auto"])[:2]
     try:
-        manifest = export(locate(preset).hf, out, ExportOptions(weights=weights))
+        manifest = export(locate(preset).hf, out, ExportOptions(weights=weights, kv=kv))
     except ExportError as e:
         if "verification failed" not in str(e):
             raise
         print(f"bench: the default export's parity check failed: {e}\nbench: exporting the "
               "same graph again without it (--no-verify)", flush=True)
         shutil.rmtree(out, ignore_errors=True)
-        manifest = export(locate(preset).hf, out, ExportOptions(weights=weights, verify=False))
+        manifest = export(locate(preset).hf, out, ExportOptions(weights=weights, kv=kv,
+                                                                verify=False))
     print(f"exported engine {manifest.engine_id}; parity {manifest.parity}; "
           f"kv {manifest.kv}; max_seq {manifest.dims.max_seq}; "
           f"quantization {manifest.quantization}")

@@ -34,7 +34,8 @@ DEFAULT_ENGINES = ("rung", "hf", "ortgenai")
 ARTIFACT = {**{e: e for e in ENGINES}, **artifacts.OPENVINO}
 # engine -> weight precision (fp32 unless listed)
 WEIGHTS = {**{k: v.partition(":")[0] for k, v in artifacts.RUNG_WEIGHTS.items()},
-           **artifacts.RUNG_DEFAULT, **artifacts.GENAI,
+           **{k: v.partition(":")[0] for k, v in artifacts.RUNG_DEFAULT.items()},
+           **artifacts.GENAI,
            **{k: k.rpartition("-")[2] for k in artifacts.OPENVINO},   # GGUF q4_0 / q8_0
            **{k: {"f32": "fp32", "q8_0": "int8", "q4_0": "int4", "q4_k_m": "int4",
                   "original": "int4"}[v]
