@@ -60,7 +60,7 @@ RUNG_WEIGHTS = {"rung-int8": "int8", "rung-int4": "int4", "rung-int4-head4": "in
 # ``rung export MODEL --weights int4`` gives a user: --kv auto, the default --max-seq), then
 # ":KV" (``--kv``) where it differs: the default with another cache dtype, side by side
 RUNG_DEFAULT = {"rung-int8-default": "int8", "rung-int4-default": "int4",
-                "rung-int8-default-kv16": "int8:fp16", "rung-int4-default-kv16": "int4:fp16"}
+                "rung-int8-default-kv32": "int8:fp32", "rung-int4-default-kv32": "int4:fp32"}
 # onnxruntime-genai artifact kind -> builder ``-p``
 GENAI = {"ortgenai": "fp32", "ortgenai-int4": "int4", "ortgenai-int8": "int8"}
 # OpenVINO GenAI engine -> the llama.cpp artifact whose GGUF file its LLMPipeline loads (its

@@ -14,18 +14,9 @@ of 50 MB per 4,096-token sequence at fp16 on that shape (docs/benchmarks/ffn-and
 
 1. a target with a fused fp8 attention path takes fp8: TensorRT on compute capability 8.9
    and newer (Ada, Hopper, Blackwell, Jetson Thor), where the plan reads fp8 in place;
-2. on the ONNX target with the fused graph, fp32 where the engine fits the memory budget
-   with an fp32 cache of ``max_seq`` x ``max_batch`` tokens: ONNX Runtime's
-   ``GroupQueryAttention`` on the CPU reads an fp32 cache as it stands and converts an fp16
-   one to fp32, query head by query head, every step (its ``ComputeAttentionProbs`` /
-   ``ComputeVxAttentionScore``); SmolLM2 int4 on a 2-core Xeon decodes 68.1 tok/s with fp32
-   KV against 61.1 with fp16 at 128 tokens of context, 42.6 against 39.5 at 1,024
-   (docs/benchmarks/peers.md, "fp32 KV by default on the CPU"), and fp32 is the exact
-   cache. The cache is reserved, not filled: a row's pages are touched only as far as it
-   holds tokens;
-3. elsewhere fp16 (the fused graph where it applies), unless the engine would not fit the
-   memory budget with an fp16 cache: then fp8, which takes 0.53x of fp16's bytes per token
-   on the 0.5B shape (scales included).
+2. elsewhere fp16 (the fused graph where it applies), unless the engine would not fit the
+   memory budget with an fp16 cache of ``max_seq`` x ``max_batch`` tokens: then fp8, which
+   takes 0.53x of fp16's bytes per token on the 0.5B shape (scales included).
 
 The engine's peak is estimated as the weights (as the graph stores them: fp32, fp16, or
 int8/int4 blocks with their scales and zero points; a tied LM head that int8/int4 quantize
@@ -125,10 +116,10 @@ def choose_kv(weight_bytes: int, weights: str, shape: CacheShape, *,
               trt_cc: tuple[int, int] | None = None, fused_fp16: bool = True) -> KVChoice:
     """``--kv auto`` for an engine of ``weight_bytes`` (``weights`` precision) and cache
     ``shape``: on the ONNX target (``trt_cc`` None) or a TensorRT GPU of compute capability
-    ``trt_cc``. ``fused_fp16``: fp32/fp16 KV take the fused graph here (ONNX Runtime's
-    ``GroupQueryAttention`` on the CPU)."""
+    ``trt_cc``. ``fused_fp16``: fp16 KV takes the fused graph here (for the reason's
+    wording)."""
     mib = {kv: peak_bytes(weight_bytes, weights, kv, shape, max_batch) / MIB
-           for kv in ("fp32", "fp16", "fp8")}
+           for kv in ("fp16", "fp8")}
     rows = f"max_seq {shape.max_seq} x {max_batch} rows"
     if trt_cc is not None and tuple(trt_cc) >= FP8_CC:
         return KVChoice("fp8", AUTO, f"TensorRT on compute capability {trt_cc[0]}."
@@ -138,18 +129,10 @@ def choose_kv(weight_bytes: int, weights: str, shape: CacheShape, *,
             if trt_cc is not None else
             "ONNX Runtime has no fused fp8 attention (fp8 KV takes the generic graph, "
             "dequantizing the past every step)")
-    fused = fused_fp16 and trt_cc is None
-    if fused and mib["fp32"] <= memory_budget_mb:
-        return KVChoice("fp32", AUTO, f"{path}, and its fused attention converts an fp16 "
-                        "cache to fp32 head by head every step: engine "
-                        f"~{mib['fp32']:.0f} MB with fp32 KV at {rows}, within the "
-                        f"{memory_budget_mb} MB budget: fp32 (fused graph)")
-    fp16 = "fp16 (fused graph)" if fused else "fp16"
+    fp16 = "fp16 (fused graph)" if fused_fp16 and trt_cc is None else "fp16"
     if mib["fp16"] <= memory_budget_mb:
-        over32 = (f"engine ~{mib['fp32']:.0f} MB with fp32 KV at {rows}, over the budget; "
-                  if fused else "")
-        return KVChoice("fp16", AUTO, f"{path}; {over32}engine ~{mib['fp16']:.0f} MB with "
-                        f"fp16 KV at {rows}, within the {memory_budget_mb} MB budget: {fp16}")
+        return KVChoice("fp16", AUTO, f"{path}; engine ~{mib['fp16']:.0f} MB with fp16 KV at "
+                        f"{rows}, within the {memory_budget_mb} MB budget: {fp16}")
     over = (f"engine ~{mib['fp16']:.0f} MB with fp16 KV at {rows}, over the "
             f"{memory_budget_mb} MB budget")
     if trt_cc is not None:   # no FP8 on this GPU: the budget cannot buy it

@@ -86,11 +86,9 @@ class ExportOptions:
     # auto | fp32 | fp16 | fp8 (e4m3, per-token-per-head scales). auto (export/defaults.py):
     # fp8 where the target reads it in a fused attention (TensorRT on compute capability
     # 8.9+) or where the engine would not fit ``memory_budget_mb`` with an fp16 cache of
-    # max_seq x ``max_batch`` tokens; on the CPU fp32 (the fused graph) where an fp32 cache
-    # fits, fp16 where only it does: on the CPU fp8 runs the generic graph, 1.9x slower on
-    # the demo model's requests and its answers drifting from fp32 KV's
-    # (docs/benchmarks/ffn-and-defaults.md, "Defaults measured"), and the fused attention
-    # converts an fp16 cache to fp32 every step
+    # max_seq x ``max_batch`` tokens; fp16 (the fused graph) elsewhere: on the CPU fp8 runs
+    # the generic graph, 1.9x slower on the demo model's requests and its answers drifting
+    # from fp32 KV's (docs/benchmarks/ffn-and-defaults.md, "Defaults measured")
     kv: str = "auto"
     max_seq: int | None = None
     norm_eps: float | None = None

@@ -1,7 +1,7 @@
 """``rung demo``: the main job on embedded defaults, on this machine.
 
 Exports the shipped demo model (``models/edge-tiny``, trained by rung) with ``rung
-export``'s defaults (fp32 KV on the fused graph; its trained FFN gates kept, measured: the
+export``'s defaults (fp16 KV on the fused graph; its trained FFN gates kept, measured: the
 model without them answers otherwise and worse, docs/benchmarks/ffn-and-defaults.md,
 "Defaults measured") once into the cache directory, starts a private mosquitto on a free
 loopback port and ``rung serve`` on it, and sends held-out requests of each built-in task

@@ -51,31 +51,13 @@ def test_kv_bytes_agree_with_the_manifest() -> None:
 
 
 @pytest.mark.parametrize("weights,shape", [("fp32", TINY), ("fp32", QWEN05), ("int4", QWEN05)])
-def test_onnx_target_takes_fp32_within_the_budget(weights: str, shape: CacheShape) -> None:
-    """The fused attention reads an fp32 cache as it is; an fp16 one it converts to fp32,
-    head by head, every step."""
+def test_onnx_target_takes_fp16_within_the_budget(weights: str, shape: CacheShape) -> None:
     size = TINY_FP32 if shape is TINY else QWEN05_FP32 // (1 if weights == "fp32" else 6)
     c = choose_kv(size, weights, shape)
-    assert (c.kv, c.chosen_by) == ("fp32", "auto")
-    assert "no fused fp8 attention" in c.reason and "converts an fp16 cache" in c.reason
-    assert "fp32 (fused graph)" in c.reason
+    assert (c.kv, c.chosen_by) == ("fp16", "auto")
+    assert "no fused fp8 attention" in c.reason and "fp16 (fused graph)" in c.reason
     assert f"within the {DEFAULT_MEMORY_BUDGET_MB} MB budget" in c.reason
     assert f"max_seq {shape.max_seq} x 4 rows" in c.reason
-
-
-def test_onnx_target_takes_fp16_where_fp32_would_not_fit() -> None:
-    fp32 = peak_bytes(TINY_FP32, "fp32", "fp32", TINY, 4) >> 20
-    fp16 = -(-peak_bytes(TINY_FP32, "fp32", "fp16", TINY, 4) >> 20)   # rounded up
-    assert fp16 < fp32
-    for budget in (fp16, fp32 - 1):
-        c = choose_kv(TINY_FP32, "fp32", TINY, memory_budget_mb=budget)
-        assert (c.kv, c.chosen_by) == ("fp16", "auto")
-        assert "with fp32 KV at max_seq 1024 x 4 rows, over the budget" in c.reason
-        assert "fp16 (fused graph)" in c.reason
-    assert choose_kv(TINY_FP32, "fp32", TINY, memory_budget_mb=fp32 + 1).kv == "fp32"
-    # without the fused graph (fused_fp16 False) there is nothing for fp32 to win
-    plain = choose_kv(TINY_FP32, "fp32", TINY, fused_fp16=False)
-    assert plain.kv == "fp16" and "fp32" not in plain.reason
 
 
 def test_onnx_target_takes_fp8_where_fp16_would_not_fit() -> None:
@@ -89,8 +71,8 @@ def test_onnx_target_takes_fp8_where_fp16_would_not_fit() -> None:
 
 def test_the_cache_is_sized_by_rows_and_length() -> None:
     """What fits one row need not fit sixteen."""
-    one = -(-peak_bytes(QWEN05_FP32, "fp32", "fp32", QWEN05, 1) >> 20)   # rounded up
-    assert choose_kv(QWEN05_FP32, "fp32", QWEN05, max_batch=1, memory_budget_mb=one).kv == "fp32"
+    one = -(-peak_bytes(QWEN05_FP32, "fp32", "fp16", QWEN05, 1) >> 20)   # rounded up
+    assert choose_kv(QWEN05_FP32, "fp32", QWEN05, max_batch=1, memory_budget_mb=one).kv == "fp16"
     c = choose_kv(QWEN05_FP32, "fp32", QWEN05, max_batch=16, memory_budget_mb=one)
     assert c.kv == "fp8" and "x 16 rows" in c.reason
 
@@ -156,10 +138,10 @@ def test_gates_dropped_only_where_fast_decoding_applies_within_the_budget() -> N
 
 # -- the export records the choice ---------------------------------------------------------
 @pytest.mark.integration
-def test_auto_kv_on_the_cpu_is_fp32_fused_and_says_why(checkpoints: dict[str, tuple[Path, Any]],
+def test_auto_kv_on_the_cpu_is_fp16_fused_and_says_why(checkpoints: dict[str, tuple[Path, Any]],
                                                         tmp_path: Path) -> None:
     m = export(checkpoints["llama"][0], tmp_path, ExportOptions(max_seq=64))
-    assert m.kv.dtype == "float32" and m.kv.layout == HEAD_MAJOR
+    assert m.kv.dtype == "float16" and m.kv.layout == HEAD_MAJOR
     assert m.kv.chosen_by == "auto" and m.kv.reason is not None
     assert "no fused fp8 attention" in m.kv.reason and "within the" in m.kv.reason
     assert m.ffn_skip == {"requested": "auto", "mode": "off", "reason": NO_GATES}
@@ -202,11 +184,11 @@ def test_bad_options_refused(opts: dict[str, Any], match: str, tmp_path: Path) -
 
 @pytest.mark.integration
 def test_trained_gates_are_kept_where_dropping_them_costs_too_much(tmp_path: Path) -> None:
-    """A checkpoint trained with gates: fp32 KV on the fused graph; its trained gates
+    """A checkpoint trained with gates: fp16 KV on the fused graph; its trained gates
     measured (dropping them costs far more than the budget) and kept, the reason recorded.
     Within a looser budget ``auto`` drops them; ``--ffn-skip off`` always does."""
     m = export(GATED, tmp_path / "default", ExportOptions(max_seq=256))
-    assert m.kv.dtype == "float32" and m.kv.layout == HEAD_MAJOR
+    assert m.kv.dtype == "float16" and m.kv.layout == HEAD_MAJOR
     assert m.ffn_gate == {"mode": "trained"} and m.ffn_skip is not None
     assert m.ffn_skip["requested"] == "auto" and m.ffn_skip["mode"] == "trained"
     assert "over the budget 0.05" in m.ffn_skip["reason"]
@@ -225,9 +207,9 @@ def test_trained_gates_are_kept_where_dropping_them_costs_too_much(tmp_path: Pat
 @pytest.mark.integration
 def test_the_demo_model_has_no_gates_its_engine_decodes_fast(tmp_path: Path) -> None:
     """The shipped model is trained without gates: its default engine has none to keep
-    (no ``If`` per step), fp32 KV on the fused graph."""
+    (no ``If`` per step), fp16 KV on the fused graph."""
     m = export(EDGE_TINY, tmp_path / "default", ExportOptions(max_seq=256, verify=False))
-    assert m.kv.dtype == "float32" and m.kv.layout == HEAD_MAJOR
+    assert m.kv.dtype == "float16" and m.kv.layout == HEAD_MAJOR
     assert m.ffn_gate is None
     assert not any(t.name == "ffn_allow_skip" for t in m.inputs)
 
@@ -239,7 +221,7 @@ def test_export_prints_the_choice_in_one_line(tmp_path: Path,
                  "--max-batch", "2", "--memory-budget-mb", "64", "--no-verify"]) == 0
     out = capsys.readouterr().out.splitlines()
     kv = [line for line in out if line.startswith("KV cache")]
-    assert len(kv) == 1 and kv[0].startswith("KV cache float32 (--kv auto): ")
+    assert len(kv) == 1 and kv[0].startswith("KV cache float16 (--kv auto): ")
     assert "max_seq 256 x 2 rows, within the 64 MB budget" in kv[0]
     gates = [line for line in out if line.startswith("FFN gates")]
     assert len(gates) == 1 and gates[0].startswith("FFN gates trained (--ffn-skip auto): ")
