@@ -11,7 +11,8 @@ fused engine also with its lone tokens unpadded, ``OnnxEngine._padded``): a
 length (the cache set back after each), 3 rounds x 5 steps each, median step time. Writes
 ``bench/results/<date>-step-cost.{json,md}``. ``--profile`` adds, per engine (packed, one
 session), ONNX Runtime's own profile of one step of 1 and one of 9 new tokens: ms per
-operator type and the costliest node.
+operator type, the costliest node, and the weight products by bits (ms and the bytes they
+read: how near each runs to the memory's rate).
 """
 
 from __future__ import annotations
@@ -93,16 +94,42 @@ def profile(engine_dir: Path, prompt: int, threads: int) -> dict[str, Any]:
         events = json.loads(Path(engine.session.parts[0].end_profiling()).read_text())
     runs = [e for e in events if e.get("name") == "model_run"]
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    products = weight_products(engine_dir / engine.manifest.graph_file,
+                               engine.dims.vocab_size)
     out: dict[str, Any] = {}
     for n, run in ((1, runs[-3]), (9, runs[-1])):
         inside = [e for e in nodes if run["ts"] <= e["ts"] < run["ts"] + run["dur"]]
         by_op: collections.Counter[str] = collections.Counter()
+        by_bits: dict[str, dict[str, float]] = {}
         for e in inside:
             by_op[e["args"]["op_name"]] += e["dur"] / 1e3
+            group = products.get(e["name"].removesuffix("_kernel_time"))
+            if group is not None:
+                kind, mb = group
+                g = by_bits.setdefault(kind, {"nodes": 0, "ms": 0.0, "mb": 0.0})
+                g["nodes"] += 1
+                g["ms"] += e["dur"] / 1e3
+                g["mb"] += mb
         top = max(inside, key=lambda e: e["dur"])
         out[str(n)] = {"ms": run["dur"] / 1e3, "by_op": dict(by_op.most_common()),
+                       "weight_products": by_bits,
                        "costliest": {"node": top["name"].removesuffix("_kernel_time"),
                                      "op": top["args"]["op_name"], "ms": top["dur"] / 1e3}}
+    return out
+
+
+def weight_products(graph: Path, vocab: int) -> dict[str, tuple[str, float]]:
+    """The graph's ``MatMulNBits`` nodes: name -> ("4-bit" | "8-bit", plus " head" for the
+    LM head), and the MB of packed weights each reads (scales and zero points left out)."""
+    import onnx
+
+    proto = onnx.load(str(graph), load_external_data=False)
+    out: dict[str, tuple[str, float]] = {}
+    for node in proto.graph.node:
+        if node.op_type == "MatMulNBits":
+            a = {x.name: x.i for x in node.attribute}
+            kind = f"{a['bits']}-bit" + (" head" if a["N"] == vocab else "")
+            out[node.name] = (kind, a["N"] * a["K"] * a["bits"] / 8 / 1e6)
     return out
 
 
@@ -145,6 +172,15 @@ def main(argv: list[str] | None = None) -> int:
                 top = p["costliest"]
                 lines.append(f"| {name} | {n} | {p['ms']:.2f} | {ops} | {top['node']} "
                              f"({top['op']}) {top['ms']:.2f} |")
+        lines += ["", "The weight products (`MatMulNBits`) of those steps by bits: nodes, ms, "
+                  "MB of packed weights read, GB/s:", "",
+                  "| engine | new tokens | products | nodes | ms | MB | GB/s |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, sizes in record["profiles"].items():
+            for n, p in sizes.items():
+                for kind, g in sorted(p["weight_products"].items()):
+                    lines.append(f"| {name} | {n} | {kind} | {g['nodes']:.0f} | "
+                                 f"{g['ms']:.2f} | {g['mb']:.1f} | {g['mb'] / g['ms']:.1f} |")
     report.publish(RESULTS, record, lines)
     return 0
 
