@@ -5,10 +5,12 @@
 
 Fast decoding checks its drafts in the step that feeds a row's last token, so it pays off
 as far as a step over 1 + k tokens costs little more than a step over one. For each engine
-and for ONNX Runtime's weight prepacking off and on (each in its own session; a quantized
-fused engine also with its lone tokens unpadded, ``OnnxEngine._padded``): a
+and for ONNX Runtime's weight prepacking off and on (each in its own session): a
 ``--prompt``-token prefill, then steps of 1, 2, 3, 5 and 9 new tokens from the same cache
-length (the cache set back after each), 3 rounds x 5 steps each, median step time. Writes
+length (the cache set back after each), 3 rounds x 5 steps each, median step time; a
+quantized fused engine's one-token step also the ways it can run (padded as loaded, fed
+twice, unpadded: ``OnnxEngine._padded``), alternated in one session so that the host's
+drift falls on each alike. Writes
 ``bench/results/<date>-step-cost.{json,md}``. ``--profile`` adds, per engine (packed, one
 session), ONNX Runtime's own profile of one step of 1 and one of 9 new tokens: ms per
 operator type, the costliest node, and the weight products by bits (ms and the bytes they
@@ -39,14 +41,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = (1, 2, 3, 5, 9)
 
 
-def measure(engine_dir: Path, prepack: bool, prompt: int, threads: int,
-            unpadded: bool = False) -> dict[int, float]:
-    """Median ms of a step over n new tokens, per n (``unpadded``: a quantized engine's lone
-    token without its second position, as before padded steps)."""
+def measure(engine_dir: Path, prepack: bool, prompt: int, threads: int) -> dict[int, float]:
+    """Median ms of a step over n new tokens, per n."""
     engine: Any = load_engine(engine_dir, "onnx", EngineOptions(threads=threads,
                                                                 prepack=prepack))
-    if unpadded:
-        engine.min_positions = 1
     rng = np.random.default_rng(0)
     cache = engine.new_cache(1)
     engine.forward(cache, rng.integers(100, 1000, (1, prompt)), np.array([prompt]))
@@ -61,6 +59,34 @@ def measure(engine_dir: Path, prepack: bool, prompt: int, threads: int,
                                np.arange(n, dtype=np.int64)[None])
                 times[n].append((time.perf_counter() - t) * 1e3)
     return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def lone_tokens(engine_dir: Path, prompt: int, threads: int,
+                rounds: int = 30) -> dict[str, dict[str, float]]:
+    """A quantized fused engine's one-token step the ways it can run, alternated in one
+    session (``rounds`` x 8 steps each after a ``prompt``-token prefill): ``padded`` as it
+    loads, ``fed twice`` (every weight product over two rows: how an engine whose graph
+    does not repeat the position itself runs, ``OnnxEngine.widens``), ``unpadded`` (one
+    position, as before padded steps). Median and quartile ms per way."""
+    engine: Any = load_engine(engine_dir, "onnx", EngineOptions(threads=threads))
+    ways = {"padded": (engine.widens, 2), "unpadded": (engine.widens, 1)}
+    if engine.widens:
+        ways["fed twice"] = (False, 2)
+    rng = np.random.default_rng(0)
+    cache = engine.new_cache(1)
+    engine.forward(cache, rng.integers(100, 1000, (1, prompt)), np.array([prompt]))
+    base = int(cache.lengths[0])
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(rounds):
+        for way, (widens, positions) in ways.items():
+            engine.widens, engine.min_positions = widens, positions
+            cache.truncate(0, base)
+            for _ in range(8):
+                t = time.perf_counter()
+                engine.forward(cache, rng.integers(100, 1000, (1, 1)), np.array([1]))
+                times[way].append((time.perf_counter() - t) * 1e3)
+    return {way: {"median": statistics.median(ts), "p25": float(np.percentile(ts, 25)),
+                  "p75": float(np.percentile(ts, 75))} for way, ts in times.items()}
 
 
 def profile(engine_dir: Path, prompt: int, threads: int) -> dict[str, Any]:
@@ -143,23 +169,33 @@ def main(argv: list[str] | None = None) -> int:
                     help="add ONNX Runtime's profile of a step of 1 and of 9 new tokens")
     args = ap.parse_args(argv)
     results: dict[str, Any] = {}
+    lone: dict[str, Any] = {}
     for d in args.engines:
         probe: Any = load_engine(d, "onnx", EngineOptions(prepack=False))
         weights, padded = probe.manifest.weights, probe.min_positions > 1
         for prepack in (False, True):
             name = f"{d.parent.name}/{d.name} ({weights}), prepack {'on' if prepack else 'off'}"
             results[name] = measure(d, prepack, args.prompt, args.threads)
-        if padded:   # lone tokens run padded to two positions: what the padding costs
-            results[f"{d.parent.name}/{d.name} ({weights}), prepack on, lone tokens "
-                    "unpadded"] = measure(d, True, args.prompt, args.threads, unpadded=True)
+        if padded:   # lone tokens run padded to two positions: what that costs
+            lone[f"{d.parent.name}/{d.name} ({weights})"] = lone_tokens(d, args.prompt,
+                                                                        args.threads)
     stamp = time.strftime("%Y-%m-%d") + "-step-cost" + (f"-{args.tag}" if args.tag else "")
     record = {"stamp": stamp, "command": shlex.join(["python", *sys.orig_argv[1:]]),
               "machine": machine_info(), "prompt": args.prompt, "threads": args.threads,
-              "results": {k: {str(n): ms for n, ms in v.items()} for k, v in results.items()}}
+              "results": {k: {str(n): ms for n, ms in v.items()} for k, v in results.items()},
+              "lone_tokens": lone}
     lines = [f"# Step cost {stamp} (after a {args.prompt}-token prompt, {args.threads} threads)",
              "", f"Command: `{record['command']}`", "",
              *report.by_size("engine", lambda n: f"{n} token{'s' if n > 1 else ''}", SIZES,
                              results, lambda ms, n: f"{ms[n]:.1f} ms ({ms[n] / ms[1]:.2f}x)")]
+    if lone:
+        lines += ["", "A one-token step of a quantized fused engine, the ways alternated in one "
+                  "session (median, quartiles):", "", "| engine | way | ms | p25-p75 |",
+                  "|---|---|---|---|"]
+        for name, ways in lone.items():
+            for way, t in ways.items():
+                lines.append(f"| {name} | {way} | {t['median']:.2f} | "
+                             f"{t['p25']:.2f}-{t['p75']:.2f} |")
     if args.profile:
         record["profiles"] = {f"{d.parent.name}/{d.name}": profile(d, args.prompt, args.threads)
                               for d in args.engines}

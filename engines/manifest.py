@@ -27,6 +27,11 @@ under ``auto`` a checkpoint's trained gates are dropped only where fast decoding
 apply without them and that stays within the quality budget). All optional: formats 1 to 6
 load with them None.
 
+Format 8 adds the fused graph's input ``attention_positions`` to int8/int4 engines without
+FFN gates: a lone token's attention runs over two positions inside the graph, where the
+engine fed the token twice before (``rung.export.onnx_fused``). Formats 1 to 7 still load
+and are fed as before.
+
 Layout of the generic graph (``kv.layout`` ``position_major_SBHD``):
 
     inputs   input_ids      int64  [B, S]
@@ -55,6 +60,9 @@ fp32/fp16 KV; the manifest's ``inputs``/``outputs`` list it the same way):
              query_seqlens   int32  [B]      valid new tokens per row (0: idle this step)
              total_sequence_length int32 []  the longest row after the step
              logits_index    int64  [B, K]
+             attention_positions int64 []    the attention's rows per sequence, >= S: a
+                                             lone token's last row repeated (int8/int4
+                                             weights without FFN gates; format 8)
              past_key_{i}, past_value_{i}  kv [B, Hkv, C, D]   the engine's whole buffer
              ffn_allow_skip  bool   []       (gated only)
     outputs  logits          float32 [B, K, V]
@@ -76,12 +84,15 @@ from rung.engines.errors import ManifestError
 
 # 5: BLAKE3 digests of the artifacts (``blake3``), checked at load; 6: XXH3-128 digests
 # (``xxh3``) in their place; 7: why the KV dtype and the FFN gates are what they are
-# (``kv.chosen_by``, ``kv.reason``, ``ffn_skip``)
-FORMAT_VERSION = 7
+# (``kv.chosen_by``, ``kv.reason``, ``ffn_skip``); 8: the fused int8/int4 graph's input
+# ``attention_positions`` (a rung reading format 7 would not feed it)
+FORMAT_VERSION = 8
 OLDEST_FORMAT = 1  # format 1 lacks only optional keys
 MANIFEST_NAME = "manifest.json"
 KV_LAYOUT = "position_major_SBHD"
 HEAD_MAJOR = "head_major_BHSD"   # the fused graph's shared buffers [B, Hkv, C, D]
+# the fused graph's input that widens a step's attention past its S new tokens
+ATTENTION_POSITIONS = "attention_positions"
 
 
 @dataclass(frozen=True)

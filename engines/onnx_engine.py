@@ -27,7 +27,7 @@ from rung.engines.drafts import multi_token, pads_steps
 from rung.engines.errors import EngineError
 from rung.engines.graph_check import check_manifest, session_signature
 from rung.engines.kv import KVCache
-from rung.engines.manifest import HEAD_MAJOR, Manifest
+from rung.engines.manifest import ATTENTION_POSITIONS, HEAD_MAJOR, Manifest
 
 FP8 = 17  # onnx.TensorProto.FLOAT8E4M3FN (onnx itself is not a serving dependency)
 PREPACKED_WEIGHTS = ("int8", "int4")   # weight precisions whose kernels need prepacking
@@ -180,6 +180,10 @@ class OnnxEngine:
         # lone tokens padded to two positions, so a row's logits never depend on the
         # step's shape (drafts.PADDED_WEIGHTS)
         self.min_positions = 2 if pads_steps(manifest.weights, gated, manifest.kv.layout) else 1
+        # the graph takes how many positions its attention runs, and widens a lone token's
+        # itself (the token is then not fed twice)
+        self.sized = any(t.name == ATTENTION_POSITIONS for t in manifest.inputs)
+        self.widens = self.sized
         # FFN skip counters: one-token decode steps run, and skips per layer among them
         self.ffn_steps = 0
         self.ffn_skips: np.ndarray | None = (
@@ -230,12 +234,15 @@ class OnnxEngine:
         their one-query paths for a row of one new token, which round otherwise than their
         several-query paths; so padded, a row gets the same logits bit for bit alone or in
         a batch, token by token or with drafts (drafts.PADDED_WEIGHTS). A row with no room
-        for the second position (the cache's last one) runs as it is."""
+        for the second position (the cache's last one) runs as it is. A graph that widens
+        the attention itself (``attention_positions``) repeats the position inside, after
+        the weight products; older graphs are fed the token twice."""
         pad = (n_new == 1) & (cache.lengths + 2 <= cache.max_seq)
         if not pad.any():
             return self._step(cache, tokens, n_new, logits_index, allow_skip)
         if tokens.shape[1] < 2:
-            tokens = np.concatenate([tokens, tokens], axis=1)
+            if not self.widens:
+                tokens = np.concatenate([tokens, tokens], axis=1)
         else:
             tokens = tokens.copy()
             tokens[pad, 1] = tokens[pad, 0]
@@ -292,7 +299,7 @@ class OnnxEngine:
         every row (length + S <= max_seq); where a short row near its end (or an empty idle
         row beside a full-length chunk) shares a step with a longer chunk, the rows with new
         tokens run one at a time instead, each on its own slice."""
-        s = tokens.shape[1]
+        s = self._attended(tokens, n_new)
         # positions each row holds before the step, as the kernel counts them: an empty idle
         # row counts one (its seqlens_k cannot go below 0)
         before = np.maximum(cache.lengths + n_new, 1) - n_new
@@ -311,6 +318,12 @@ class OnnxEngine:
         cache.advance(n_new)
         return logits, skipped
 
+    @staticmethod
+    def _attended(tokens: np.ndarray, n_new: np.ndarray) -> int:
+        """Positions the attention runs per row: the step's S, or more where a widening
+        graph's rows hold more (a lone token's second position)."""
+        return max(tokens.shape[1], int(n_new.max(initial=0)))
+
     def _run_fused(self, buffers: dict[str, np.ndarray], lengths: np.ndarray,
                    tokens: np.ndarray, n_new: np.ndarray, logits_index: np.ndarray,
                    allow_skip: bool, owner: KVCache | None = None
@@ -325,6 +338,8 @@ class OnnxEngine:
             "query_seqlens": n_new.astype(np.int32),
             "total_sequence_length": np.array(max(int(total.max(initial=0)), 1), np.int32),
             "logits_index": np.ascontiguousarray(logits_index, dtype=np.int64)}
+        if self.sized:
+            inputs[ATTENTION_POSITIONS] = np.array(self._attended(tokens, n_new), np.int64)
         if self.ffn_skips is not None:
             inputs["ffn_allow_skip"] = np.array(allow_skip)
         wanted = ["logits", *(["ffn_skipped"] if self.ffn_skips is not None else [])]

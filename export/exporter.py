@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
+from rung.engines.drafts import pads_steps
 from rung.engines.errors import ExportError
 from rung.engines.manifest import (
     FORMAT_VERSION,
@@ -424,8 +425,9 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
     model the graph computes, the reference of the parity check: the checkpoint's own, or
     with int8/int4 weights a copy holding the dequantized weights (read before saving moves
     them out)."""
-    proto = (build_fused_graph(ckpt.model, dot=spec is None) if fused
-             else build_graph(ckpt.model))
+    proto = (build_fused_graph(ckpt.model, dot=spec is None,
+                               lone_pad=pads_steps(weights, ckpt.model.has_ffn_gates, HEAD_MAJOR))
+             if fused else build_graph(ckpt.model))
     reference = ckpt.model
     if spec is not None:
         proto = quantize_graph(proto, spec, imp, cache)
@@ -454,7 +456,9 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
 def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
     c, model = ckpt.config, ckpt.model
     fused = graph_form(opts, c) == "fused"
-    inputs, outputs = fused_io_specs(model) if fused else io_specs(model)
+    inputs, outputs = (fused_io_specs(model, pads_steps(str(opts.weights), model.has_ffn_gates,
+                                                        HEAD_MAJOR))
+                       if fused else io_specs(model))
     files = [GRAPH_FILE, DATA_FILE, *ckpt.tokenizer.files]
     artifacts, fast = artifact_digests(out_dir, files)
     kv = KVSpec(dtype=KV[opts.kv], layout=HEAD_MAJOR if fused else KV_LAYOUT,

@@ -95,3 +95,50 @@ def test_float_and_generic_engines_are_not_padded(engines: dict[str, Path],
     export(ROOT / "models" / "edge-tiny", tmp_path, ExportOptions(weights="int4", kv="fp8",
                                                                   ffn_skip="off"))
     assert _engine(tmp_path).min_positions == 1                # int4, generic graph (fp8 KV)
+
+
+def test_the_graph_repeats_a_lone_tokens_position_after_the_weights(int4_fused: Path) -> None:
+    """The second position is made inside the graph: the weight products run the step's
+    one row, the attention two (ONNX Runtime's own profile of a step shows the shapes), and
+    the logits are those of the token fed twice, bit for bit."""
+    import json
+
+    import onnxruntime as ort
+
+    from rung.engines.manifest import ATTENTION_POSITIONS
+
+    engine = _engine(int4_fused)
+    assert engine.widens
+    assert ATTENTION_POSITIONS in {t.name for t in engine.manifest.inputs}
+    widened = _runs(engine)
+    engine.widens = False          # as a graph without the input is fed: the token twice
+    twice = _runs(engine)
+    for name, logits in widened.items():
+        assert np.array_equal(logits, twice[name]), name
+
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(int4_fused.parent / "profile")
+    session = ort.InferenceSession(str(int4_fused / engine.manifest.graph_file), so)
+    d = engine.dims
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": np.array([[5]], np.int64), "seqlens_k": np.array([1], np.int32),
+        "query_seqlens": np.array([2], np.int32),
+        "total_sequence_length": np.array(2, np.int32),
+        "logits_index": np.zeros((1, 1), np.int64),
+        ATTENTION_POSITIONS: np.array(2, np.int64)}
+    for i in range(d.num_layers):
+        for part in ("key", "value"):
+            feeds[f"past_{part}_{i}"] = np.zeros((1, d.num_kv_heads, 16, d.head_dim),
+                                                 np.float32)
+    session.run(["logits"], feeds)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    rows: dict[str, set[int]] = {}
+    for e in events:
+        args = e.get("args", {})
+        if e.get("cat") == "Node" and args.get("op_name") in ("MatMulNBits",
+                                                               "GroupQueryAttention"):
+            first = next(iter(args["input_type_shape"][0].values()))
+            rows.setdefault(args["op_name"], set()).add(first[-2])   # [B, S, *]: S
+    assert rows["MatMulNBits"] == {1}            # q/k/v, o, gate/up, down: one row
+    assert rows["GroupQueryAttention"] == {2}    # the attention: two
