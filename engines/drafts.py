@@ -37,13 +37,15 @@ LOOKUP_NGRAMS = (3, 2)
 # quantization of the int8/int4 kernels turns such a difference into another rounding
 # step, 0.3-0.6 in the logits a few positions on, so near-ties break the other way
 # (SmolLM2 int4: 2 of 12 answers the same with drafts, and answers depended on the batch).
-# So on the fused graph a quantized engine feeds a second, unscored position beside every
+# So on the fused graph a quantized engine runs a second, unscored position beside every
 # lone token and drops its KV (``OnnxEngine._padded``): drafts, batches and plain decoding
 # then give a row the same logits. The generic graph's plain MatMul attention still rounds
 # by the step's length (~2e-6), so there fast decoding is not exact on quantized weights.
 # fp32 differences stay below greedy near-ties in practice (12 of 12 answers the same on
-# every fp32 engine measured): fp32 steps stay unpadded. Cost: a one-token int4 step runs
-# two positions (SmolLM2-135M: 9.3 against 7.7 ms, bench/step_cost.py).
+# every fp32 engine measured): fp32 steps stay unpadded. The graph makes the second
+# position after the weight products (``attention_positions``, manifest format 8), so the
+# cost is the attention's: a one-token SmolLM2-135M int4 step 17.7 ms padded, 17.3
+# unpadded, 19.4 with the token fed twice as before (bench/step_cost.py, one session).
 PADDED_WEIGHTS = ("int8", "int4")
 
 
