@@ -240,12 +240,11 @@ class OnnxEngine:
         pad = (n_new == 1) & (cache.lengths + 2 <= cache.max_seq)
         if not pad.any():
             return self._step(cache, tokens, n_new, logits_index, allow_skip)
-        if tokens.shape[1] < 2:
-            if not self.widens:
-                tokens = np.concatenate([tokens, tokens], axis=1)
-        else:
+        if tokens.shape[1] >= 2:
             tokens = tokens.copy()
             tokens[pad, 1] = tokens[pad, 0]
+        elif not self.widens:
+            tokens = np.concatenate([tokens, tokens], axis=1)
         logits = self._step(cache, tokens, n_new + pad, logits_index, allow_skip)
         cache.rollback(pad)   # the second position's KV is free again
         return logits

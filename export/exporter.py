@@ -417,6 +417,12 @@ def kv_dtype(ckpt: Checkpoint, opts: ExportOptions, spec: QuantSpec | None) -> K
     return choice
 
 
+def _lone_pad(weights: str, model: RungForCausalLM) -> bool:
+    """Whether the fused graph repeats a lone token's attention position itself (its input
+    ``attention_positions``): where the engine pads such steps (``drafts.pads_steps``)."""
+    return pads_steps(weights, model.has_ffn_gates, HEAD_MAJOR)
+
+
 def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
                 spec: QuantSpec | None = None, fused: bool = False,
                 imp: dict[str, npt.NDArray[np.float32]] | None = None,
@@ -426,7 +432,7 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
     with int8/int4 weights a copy holding the dequantized weights (read before saving moves
     them out)."""
     proto = (build_fused_graph(ckpt.model, dot=spec is None,
-                               lone_pad=pads_steps(weights, ckpt.model.has_ffn_gates, HEAD_MAJOR))
+                               lone_pad=_lone_pad(weights, ckpt.model))
              if fused else build_graph(ckpt.model))
     reference = ckpt.model
     if spec is not None:
@@ -456,9 +462,8 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
 def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
     c, model = ckpt.config, ckpt.model
     fused = graph_form(opts, c) == "fused"
-    inputs, outputs = (fused_io_specs(model, pads_steps(str(opts.weights), model.has_ffn_gates,
-                                                        HEAD_MAJOR))
-                       if fused else io_specs(model))
+    inputs, outputs = (fused_io_specs(model, _lone_pad(str(opts.weights), model)) if fused
+                       else io_specs(model))
     files = [GRAPH_FILE, DATA_FILE, *ckpt.tokenizer.files]
     artifacts, fast = artifact_digests(out_dir, files)
     kv = KVSpec(dtype=KV[opts.kv], layout=HEAD_MAJOR if fused else KV_LAYOUT,

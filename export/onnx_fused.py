@@ -37,7 +37,7 @@ the engine runs such a row's attention over two positions. The graph takes the i
 QKV row up to that many rows before the kernel, cutting the kernel's output back to S rows
 after it: the second position's attention (and its KV, which the engine drops) costs a few
 hundred values a layer, where feeding the token twice ran every weight product over two
-rows (a one-token SmolLM2-135M int4 step 14.2 ms that way, 12.6 without the second row).
+rows (what each costs: ``rung.engines.drafts``, ``PADDED_WEIGHTS``).
 Rows the kernel is told hold fewer positions (``query_seqlens``) are right-padded as ever.
 """
 
