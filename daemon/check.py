@@ -1,19 +1,22 @@
 """``rung check``: everything ``rung serve`` needs, checked without serving.
 
 Config, tasks, engine (loaded, one forward step), grammars, state directory and journal,
-broker (connect and CONNACK with the configured credentials, under a client id of its own
-so a running daemon is not disturbed), PLC maps (Modbus register maps and OPC UA node maps,
-each PLC read once through its link, nothing written), and in a fleet who drives each of
-those PLCs. One line per check (a check that does not apply prints none); exit status 0 only
-when all pass.
+the metrics endpoint's address (free, or a running rung's), broker (connect and CONNACK
+with the configured credentials, under a client id of its own so a running daemon is not
+disturbed), PLC maps (Modbus register maps and OPC UA node maps, each PLC read once through
+its link, nothing written), and in a fleet who drives each of those PLCs. One line per
+check (a check that does not apply prints none); exit status 0 only when all pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
+import socket
 import tempfile
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +77,38 @@ def _state_dir(cfg: Config) -> str:
     damage = f"; {journal.wal_damage}" if journal.wal_damage else ""
     return (f"{path} writable, {free / 2**20:.0f} MiB free; journal "
             f"{dict(counts) or 'empty'}{aside}{damage}")
+
+
+def _metrics(cfg: Config) -> str | None:
+    """``metrics.port`` can be listened on: bound once and let go (as the endpoint binds
+    it, address reuse on). A port in use fails, unless what listens there is a rung's own
+    ``/metrics`` (this config's daemon, running): then it is said. None when it is off."""
+    from rung.daemon.metrics import listen_error
+
+    host, port = cfg.metrics.host, cfg.metrics.port
+    if not port:
+        return None
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                   flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE and _rung_metrics(host, port):
+            return f"{host}:{port} serves a running rung's /metrics (rung_up)"
+        raise listen_error(host, port, e) from e
+    return f"{host}:{port} free for /metrics"
+
+
+def _rung_metrics(host: str, port: int) -> bool:
+    """Whether ``host:port`` answers ``/metrics`` with rung's series."""
+    where = f"[{host}]" if ":" in host else host
+    try:
+        with urllib.request.urlopen(f"http://{where}:{port}/metrics", timeout=3) as resp:
+            return b"\nrung_up " in resp.read(4 << 20)
+    except (OSError, ValueError):
+        return False
 
 
 def _broker(cfg: Config) -> str:
@@ -173,8 +208,8 @@ def _plc_owner(cfg: Config) -> str | None:
 
 
 CHECKS: list[tuple[str, Callable[[Config], str | None]]] = [
-    ("engine", _engine), ("state_dir", _state_dir), ("broker", _broker), ("plcs", _plcs),
-    ("plc_owner", _plc_owner)]
+    ("engine", _engine), ("state_dir", _state_dir), ("metrics", _metrics),
+    ("broker", _broker), ("plcs", _plcs), ("plc_owner", _plc_owner)]
 
 
 def run_checks(cfg: Config) -> list[Check]:

@@ -8,8 +8,10 @@ prefixed ``rung_``; the HTTP endpoint listens on loopback only.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import re
+import socket
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -26,6 +28,8 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+
+from rung.engines.errors import RungError
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
@@ -46,6 +50,25 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class MetricsError(RungError):
+    """The endpoint cannot listen where ``metrics.host``/``metrics.port`` say."""
+
+
+def listen_error(host: str, port: int, e: OSError) -> MetricsError:
+    """What an ``OSError`` from binding ``host:port`` means, naming the part, the address
+    and the key to change (``rung serve`` and ``rung check`` say the same)."""
+    if e.errno == errno.EADDRINUSE:
+        why, key = "is in use", "metrics.port"
+        more = "another program listens there: stop it, or choose a free port"
+    elif e.errno == errno.EADDRNOTAVAIL or isinstance(e, socket.gaierror):
+        why, key = f"cannot be listened on ({e.strerror or e})", "metrics.host"
+        more = "name a loopback address of this box"
+    else:
+        why, key = f"cannot be listened on ({e.strerror or e})", "metrics.port"
+        more = "choose a port above 1023, or one this user may bind"
+    return MetricsError(f"metrics: {host}:{port} {why} ({key}): {more}")
 
 
 class Metrics:
@@ -225,14 +248,18 @@ class Metrics:
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serves ``/metrics`` from a daemon thread; returns the bound port (``port`` 0: any free
-        one). Loopback hosts only: the endpoint has no authentication."""
+        one). Loopback hosts only: the endpoint has no authentication. A port in use (or
+        any address that cannot be bound) raises ``MetricsError`` naming it and its key."""
         if not _loopback(host):
             raise ValueError(f"metrics endpoint must listen on loopback, not {host!r}")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"metrics port must be an integer in 0..65535, not {port!r}")
         if self._server is not None:
             raise RuntimeError("metrics endpoint already serving")
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:   # a port in use, a host that is not this box's
+            raise listen_error(host, port, e) from e
         self._server = (server, thread)
         return int(server.server_port)
 

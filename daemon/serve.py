@@ -33,6 +33,7 @@ from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
 from rung.daemon.supervise import Supervisor
 from rung.daemon.tasks.runner import RetryPolicy, TaskRunner, fast_decoding
 from rung.daemon.wallclock import iso
+from rung.engines.errors import RungError
 
 if TYPE_CHECKING:
     from rung.daemon.opcua.nodemap import NodeMap
@@ -232,6 +233,14 @@ class Service:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
+        if self.cfg.metrics.port:   # first: a port in use stops rung before anything runs
+            try:
+                self.metrics.serve(self.cfg.metrics.port, self.cfg.metrics.host)
+            except RungError as e:
+                log.critical("%s", e.message, extra={"rung_fields": {"part": "metrics"}})
+                self.metrics.set_down()
+                self.journal.close()
+                return 70
         self.notifier.status("warming task prompts")
         pinned = await loop.run_in_executor(None, self.runner.warm)
         log.info("task prompts pinned in the KV cache", extra={"rung_fields": pinned})
@@ -277,8 +286,7 @@ class Service:
             self._sparkplug_task = sup.start("sparkplug", self.sparkplug.run)
         if self.opcua_server is not None:
             sup.start("opcua-server", self.opcua_server.run)
-        if self.cfg.metrics.port:
-            self.metrics.serve(self.cfg.metrics.port, self.cfg.metrics.host)
+        if self.cfg.metrics.port:   # serving since ``run`` began
             sup.start("metrics", lambda: self.metrics.keep_serving(self.cfg.metrics.port,
                                                                    self.cfg.metrics.host))
         self.outbox.wake()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rung.daemon.metrics import Metrics
+from rung.daemon.metrics import Metrics, MetricsError
 
 
 def _samples(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -159,6 +159,21 @@ def test_serve_any_port(metrics: Metrics) -> None:
     assert port > 0
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         assert b"rung_up 1.0" in resp.read()
+
+
+def test_a_port_in_use_names_the_part_the_address_and_the_key(metrics: Metrics) -> None:
+    """The finding: a port held by another program ended ``rung serve`` with a bare
+    ``OSError: [Errno 98]``. Now the error says whose address it is and which key."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(MetricsError) as err:
+            metrics.serve(port)
+    assert err.value.message.startswith(f"metrics: 127.0.0.1:{port} is in use "
+                                        "(metrics.port)")
+    assert "Errno" not in str(err.value)
+    assert metrics.serve(port) == port   # let go: it serves once the port is free
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::", "example.com"])

@@ -168,7 +168,9 @@ def test_rung_check(served: tuple[Broker, Daemon], tmp_path: Path) -> None:
     _, daemon = served
     good = rung_cli("check", "--config", str(daemon.config))
     assert good.returncode == 0, good.stdout + good.stderr
-    assert [line.split()[0] for line in good.stdout.splitlines()] == ["ok"] * 5
+    assert [line.split()[0] for line in good.stdout.splitlines()] == ["ok"] * 6
+    port = yaml.safe_load(daemon.config.read_text())["metrics"]["port"]
+    assert f"ok   metrics    127.0.0.1:{port} serves a running rung's /metrics" in good.stdout
     dead = rung_cli("check", "--config", str(daemon.config), "--set",
                     f"mqtt.port={free_port()}", "--set", f"state_dir={tmp_path / 's'}")
     assert dead.returncode == 1
@@ -504,6 +506,37 @@ def test_systemd_notify_and_sigterm(broker: Broker, edge_engine: Path,
         sock.close()
     status = retained_status(broker.port)
     assert status is not None and status["online"] is False
+
+
+def test_a_metrics_port_in_use_is_named_by_serve_and_check(edge_engine: Path,
+                                                          tmp_path: Path) -> None:
+    """The finding: ``metrics.port`` held by another program ended ``rung serve`` with 70,
+    but its critical line blamed the scheduler and its last line was "internal error:
+    OSError: [Errno 98] ... please report it". Now one critical line names the part, the
+    address and the key, and ``rung check`` finds it before."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config = write_config(tmp_path, edge_engine, free_port(), metrics={"port": port})
+        check = rung_cli("check", "--config", str(config))
+        daemon = Daemon(config)
+        daemon.start(wait_ready=False)
+        try:
+            assert daemon.proc is not None
+            code = daemon.proc.wait(120)
+        finally:
+            daemon.stop()
+    named = f"metrics: 127.0.0.1:{port} is in use (metrics.port)"
+    assert check.returncode == 1
+    assert f"FAIL metrics    {named}" in check.stdout, check.stdout
+    assert "ok   engine" in check.stdout and "FAIL broker" in check.stdout
+    assert code == 70
+    lines = daemon.lines()
+    critical = [r for r in lines if r.get("level") == "critical"]
+    assert len(critical) == 1 and critical[0]["msg"].startswith(named), critical
+    assert not any("internal error" in str(r.get("msg")) or "scheduler" in str(r.get("msg"))
+                   for r in lines), lines[-5:]
 
 
 def _tls_files(d: Path) -> tuple[Path, Path, Path]:
