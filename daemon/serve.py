@@ -30,7 +30,7 @@ from rung.daemon.plc.handshake import HandshakeAgent
 from rung.daemon.plc.maps import load_plc_map
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
-from rung.daemon.supervise import Supervisor
+from rung.daemon.supervise import Fatal, Supervisor
 from rung.daemon.tasks.runner import RetryPolicy, TaskRunner, fast_decoding
 from rung.daemon.wallclock import iso
 from rung.engines.errors import RungError
@@ -45,6 +45,7 @@ VERSION = "0.1.0"
 # a stop after the grace: answers drained (5 s), offline said (5 s), Sparkplug's NDEATH
 # (5 s); systemd/rung.service's TimeoutStopSec covers queue.stop_grace_s plus this
 STOP_TAIL_S = 15.0
+STORAGE_CHECK_S = 1.0   # how often the storage check stats the journal's files
 
 
 def build_runner(cfg: Config) -> TaskRunner:
@@ -272,7 +273,7 @@ class Service:
     def _start(self) -> None:
         """Start the parts, each under the supervisor: the MQTT link, the engine loop, the
         outbox, the PLC agents (a fleet node: its fleet part, which starts those it claims),
-        Sparkplug, the metrics endpoint."""
+        Sparkplug, the metrics endpoint, the storage check."""
         sup = self.supervisor
         self._link_task = sup.start("mqtt", self.link.run)
         sup.watch("scheduler", self.scheduler.start())
@@ -289,6 +290,7 @@ class Service:
         if self.cfg.metrics.port:   # serving since ``run`` began
             sup.start("metrics", lambda: self.metrics.keep_serving(self.cfg.metrics.port,
                                                                    self.cfg.metrics.host))
+        sup.start("storage", self._storage_check)
         self.outbox.wake()
 
     async def _end(self) -> None:
@@ -303,15 +305,29 @@ class Service:
             self.fleet_node.close()
         await self.supervisor.stop()
 
+    async def _storage_check(self) -> None:
+        """The journal's files stay those it opened (``Journal.check_files``, every
+        ``STORAGE_CHECK_S``): one deleted or replaced under the daemon (its writes go on into
+        an unlinked file, lost at the next restart) ends this part ``Fatal``: one critical
+        line, ``rung_storage_ok`` 0 and exit 70. Meanwhile the journal refuses every write
+        itself (requests are answered ``unavailable``)."""
+        while True:
+            why = await asyncio.to_thread(self.journal.check_files)
+            if why is not None:
+                self.metrics.set_storage(False)
+                raise Fatal(why)
+            await asyncio.sleep(STORAGE_CHECK_S)
+
     def _part_dead(self, name: str, why: str) -> None:
         """A part stopped for good (the engine loop ended, or a part kept failing): never
         silent. ``rung_up`` drops, the watchdog stops (liveness fails) and the daemon exits
         70 for systemd to restart it; the requests it held stay pending in the journal (a
-        poison one is quarantined after ``journal.max_attempts``)."""
+        poison one is quarantined after ``journal.max_attempts``). The supervisor's
+        critical line says which part and why; this one only that rung exits."""
         if self._stopping.is_set():
             return
-        log.critical("%s has stopped: exiting for a restart", name,
-                     extra={"rung_fields": {"part": name, "why": why}})
+        log.error("%s has stopped: exiting 70 for a restart", name,
+                  extra={"rung_fields": {"part": name, "why": why}})
         self.metrics.set_down()
         self.exit_code = 70
         self._stopping.set()

@@ -26,6 +26,13 @@ Requests that came as OPC UA method calls (rung's OPC UA server) are rows too, t
 A file that fails SQLite's integrity check is moved aside (``journal.db.corrupt-<time>``)
 and a new one started; nothing from it is used.
 
+The files must stay the ones opened: SQLite writes on through its open descriptors when
+``journal.db`` (or its ``-wal``/``-shm``) is deleted or replaced, so the journal keeps the
+device and inode of each and ``check_files`` compares them with what the path names now
+(a ``stat`` per file). Once they differ the journal has *vanished*: every write fails
+from then on (``JournalError``: requests are answered ``unavailable``, never recorded
+where no restart finds them) and ``rung serve``'s storage check stops the daemon (exit 70).
+
 Off the event loop (``attach``, what ``rung serve`` does): every write goes to one writer
 thread with its own connection, which takes whatever is queued (in order), runs it as one
 transaction, commits (one fsync) and checkpoints once, then hands the results back to the
@@ -45,6 +52,7 @@ import concurrent.futures
 import contextlib
 import hashlib
 import logging
+import os
 import queue
 import shutil
 import sqlite3
@@ -94,6 +102,9 @@ _DAMAGED = ("SQLITE_NOTADB", "SQLITE_CORRUPT", "SQLITE_ERROR")
 
 class JournalError(RungError):
     """The journal cannot be opened or written (disk full, permissions)."""
+
+
+_SIDES = ("", "-wal", "-shm")   # the database file and SQLite's two beside it
 
 
 @dataclass
@@ -182,6 +193,10 @@ class Journal:
         self._retry: list[_Op] = []                # marks that failed, for the next write
         self._handing: set[int] = set()            # hand-overs in flight
         self.on_failure: Callable[[JournalError], None] | None = None   # on the loop
+        # (device, inode) of each file opened, by suffix (``check_files``); set once the
+        # journal has vanished: why
+        self._files: dict[str, tuple[int, int]] = {}
+        self.vanished: str | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._check_wal()
@@ -189,6 +204,50 @@ class Journal:
         except (OSError, sqlite3.Error) as e:
             raise JournalError(f"{self.path}: cannot open the delivery journal ({e})",
                                "check state_dir and its permissions") from e
+        self.check_files()
+
+    def check_files(self) -> str | None:
+        """Whether the journal's path still names the files it has open (same device and
+        inode; a ``-wal`` or ``-shm`` that SQLite creates later is taken when first seen).
+        None while it does; else why, the same from then on (``vanished``). Any thread."""
+        if self.vanished is not None:
+            return self.vanished
+        for side in _SIDES:
+            name = f"{self.path}{side}"
+            try:
+                st = os.stat(name)
+                now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+            except FileNotFoundError:
+                now = None
+            except OSError as e:   # unreadable path: a disk fault, not a vanished file
+                log.debug("journal file check: %s: %s", name, e)
+                continue
+            was = self._files.get(side)
+            if was is None:
+                if now is not None:
+                    self._files[side] = now
+                continue
+            if now != was:
+                found = ("nothing" if now is None
+                         else f"another file (device {now[0]}, inode {now[1]})")
+                self.vanished = (
+                    f"{name} was deleted or replaced under the running daemon (rung has "
+                    f"device {was[0]}, inode {was[1]} open; the path names {found}): "
+                    "what rung records would be lost at the next restart")
+                log.debug("journal vanished: %s", self.vanished)
+                return self.vanished
+        return None
+
+    def _gone(self) -> JournalError | None:
+        """The error of a write while the journal has vanished (``check_files``)."""
+        why = self.check_files()
+        if why is None:
+            return None
+        if self.healthy:
+            log.error("journal writes failing: %s", why)
+        self.healthy, self.last_error = False, why
+        return JournalError(why, "rung stops for systemd to restart it with a new journal; "
+                                 "never delete files in state_dir under a running rung")
 
     def _check_wal(self) -> None:
         """Report (and keep a copy of) a WAL whose tail SQLite is about to drop."""
@@ -282,8 +341,10 @@ class Journal:
             stop = ops[-1] is None
             batch = [op for op in ops if op is not None]
             if batch:
+                gone = self._gone()
                 results: list[tuple[Any, JournalError | None]] = (
-                    self._run_batch(db, batch) if db is not None
+                    [(None, gone) for _ in batch] if gone is not None
+                    else self._run_batch(db, batch) if db is not None
                     else [(None, self._failed(sqlite3.OperationalError("not open")))
                           for _ in batch])
                 for op, (value, err) in zip(batch, results, strict=True):
@@ -456,6 +517,9 @@ class Journal:
         """Run one statement (its own transaction); a change is checkpointed into the
         database file before this returns (``checkpoint``: a change whose loss costs only
         a documented repeat, like a delivery mark, is left to the next write's)."""
+        gone = self._gone()
+        if gone is not None:
+            raise gone
         try:
             cur = self.db.execute(sql, args)
             if cur.rowcount > 0 and checkpoint:
