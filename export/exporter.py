@@ -40,6 +40,7 @@ from rung.engines.manifest import (
 from rung.engines.onnx_engine import OnnxEngine
 from rung.engines.progress import step
 from rung.engines.tokenizer import Tokenizer
+from rung.export.adapter import merge, read_adapter
 from rung.export.arch import ModelConfig
 from rung.export.blockquant import Blocks
 from rung.export.checkpoint import Checkpoint, load_checkpoint
@@ -115,6 +116,8 @@ class ExportOptions:
     # why an explicit --kv changed (--trt-kv-fallback fp16 on a GPU without FP8)
     trt_cc: tuple[int, int] | None = None
     kv_reason: str | None = None
+    # a peft LoRA adapter folder merged into the checkpoint before export (export/adapter.py)
+    adapter: Path | None = None
 
 
 WEIGHTS = ("fp32", "fp16", *BITS)
@@ -174,10 +177,15 @@ def export(hf_dir: Path, out_dir: Path, opts: ExportOptions) -> Manifest:
     with tempfile.TemporaryDirectory(prefix="rung-export-") as side:
         with step(f"loading checkpoint {hf_dir}"):
             ckpt = load_checkpoint(hf_dir, opts.max_seq, opts.norm_eps, workdir=Path(side))
-        return _export(ckpt, Path(out_dir), opts)
+        adapter = None
+        if opts.adapter is not None:
+            with step(f"merging the LoRA adapter {opts.adapter}"):
+                adapter = merge(ckpt.model, read_adapter(Path(opts.adapter)))
+        return _export(ckpt, Path(out_dir), opts, adapter)
 
 
-def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
+def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions,
+            adapter: dict[str, Any] | None = None) -> Manifest:
     weights = opts.weights or source_weights(ckpt)
     opts = dataclasses.replace(opts, weights=weights)
     spec = plan(ckpt, opts)
@@ -217,6 +225,7 @@ def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
     manifest = _manifest(ckpt, out_dir, opts)
     manifest = dataclasses.replace(
         manifest, ffn_gate=ffn_gate, ffn_skip=ffn_skip, quantization=quantization,
+        adapter=adapter,
         kv=dataclasses.replace(manifest.kv, chosen_by=kv.chosen_by, reason=kv.reason))
     if opts.verify:
         manifest = _verify(ckpt, out_dir, opts, manifest, reference, held, tok)

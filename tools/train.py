@@ -246,21 +246,39 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--samples", type=int, default=TrainConfig.samples)
+    p.add_argument("--samples", type=int, help=f"corpus samples (default "
+                   f"{TrainConfig.samples}; with --base 4000)")
     p.add_argument("--minutes", type=float, default=TrainConfig.minutes)
     p.add_argument("--max-steps", type=int, default=TrainConfig.max_steps)
-    p.add_argument("--lr", type=float, default=TrainConfig.lr)
+    p.add_argument("--lr", type=float, help=f"peak learning rate (default {TrainConfig.lr}; "
+                   f"with --base 1e-3)")
     p.add_argument("--init", type=Path, help="continue from this checkpoint")
     p.add_argument("--gates", action="store_true", help="train FFN skip gates jointly")
-    p.add_argument("--tasks", default=",".join(TASKS),
-                   help="tasks dealt round-robin; a task named twice gets twice the samples")
+    p.add_argument("--tasks", help=f"tasks dealt round-robin; a task named twice gets twice "
+                   f"the samples (default {','.join(TASKS)}; with --base "
+                   f"st_code,fault_tree,st_code,diagnosis)")
+    p.add_argument("--base", help="adapt this pretrained base with a LoRA adapter instead "
+                   "(a name from rung.export.bases, e.g. smollm2, or a Hugging Face "
+                   "directory): rung.tools.train_lora")
+    p.add_argument("--examples", type=Path, help="with --base: train on these examples "
+                   "(JSONL of task, input, answer), each checked first, not on the corpus")
+    p.add_argument("--rank", type=int, default=32, help="with --base: LoRA rank")
+    p.add_argument("--batch-tokens", type=int, default=4096,
+                   help="with --base: padded tokens per optimizer step")
+    p.add_argument("--save-minutes", type=float, default=10.0,
+                   help="with --base: save the adapter this often")
     args = p.parse_args(argv)
+    if args.base is not None:
+        from rung.tools.train_lora import main as lora_main
+
+        return lora_main(args)
     from rung.tools.corpus import generate
 
-    cfg = TrainConfig(seed=args.seed, samples=args.samples, minutes=args.minutes,
-                      max_steps=args.max_steps, lr=args.lr, gates=args.gates,
+    cfg = TrainConfig(seed=args.seed, samples=args.samples or TrainConfig.samples,
+                      minutes=args.minutes, max_steps=args.max_steps,
+                      lr=args.lr or TrainConfig.lr, gates=args.gates,
                       init=None if args.init is None else str(args.init),
-                      tasks=tuple(t for t in args.tasks.split(",") if t))
+                      tasks=tuple(t for t in (args.tasks or ",".join(TASKS)).split(",") if t))
     result = train(cfg, generate(cfg.samples, seed=cfg.seed, tasks=cfg.tasks), args.out)
     print(f"train: {result['steps']} steps, {result['parameters']} parameters, "
           f"{result['minutes']:.1f} min -> {args.out}")
