@@ -16,12 +16,24 @@ PLC, the operation and the node. A failure of the session (lost, refused, timed 
 certificate rejected) drops it: the next operation connects again, and the link state reads
 ``disconnected`` (``error`` after a timeout) until then; a node the server refuses (unknown,
 not writable, a type mismatch) fails that operation only.
+
+A session whose connection was lost is kept and reactivated on a new secure channel
+(``_resume``) at every attempt until the server answers: an outage longer than one
+attempt (a cable pulled for minutes) resumes the same session and subscription, no new
+session is made while the server is out of reach, and one is made only when the server
+refuses the old one or the session's timeout (revised by the server) has run out since the
+loss. A secure connection that fails without a status (the server drops a channel it
+cannot decrypt) is explained when it can be: the server's endpoints are read over a None
+channel and a ``server_certificate`` that is not among the certificates it presents is
+named (``_wrong_certificate``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +44,7 @@ from asyncua.client.client import Client
 from asyncua.common.node import Node
 from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
 from asyncua.ua.attribute_ids import AttributeIds
+from asyncua.ua.uaerrors._base import UaStatusCodeError
 
 from rung.daemon.opcua.errors import (
     OpcUaConfigError,
@@ -102,8 +115,11 @@ class NodeLink(ShowsState):
         self._points: list[tuple[NodePoint, ua.NodeId]] = []
         self._types: dict[str, ua.VariantType] = {}   # written node -> its data type
         self._resolved = False
-        # a session whose connection was lost, kept for ActivateSession on a new channel
+        # a session whose connection was lost, kept for ActivateSession on a new channel,
+        # and when it was lost (monotonic; its session timeout runs from there)
         self._stale: Client | None = None
+        self._lost_at = 0.0
+        self._unreached = False   # a resume failed before the server answered (logged once)
         self.sessions = {"created": 0, "resumed": 0}   # this link's, for tests and logs
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()   # sessions lost, being closed
@@ -210,7 +226,8 @@ class NodeLink(ShowsState):
         except Exception as e:
             with contextlib.suppress(Exception):
                 client.disconnect_socket()
-            error = translate(self.plc.id, f"connect {s.endpoint}", e)
+            op = f"connect {s.endpoint}"
+            error = await self._wrong_certificate(op, e) or translate(self.plc.id, op, e)
             error.connection = True
             self._set_state("disconnected", error.message)
             raise error from e
@@ -223,15 +240,27 @@ class NodeLink(ShowsState):
     async def _resume(self, op: str) -> Client | None:
         """The lost session reactivated on a new secure channel (OPC UA Part 4, 6.7:
         ActivateSession with its authentication token): the server kept it, so its
-        subscription and the nodes resolved stand. None when the server refuses it
-        (BadSessionIdInvalid after a restart, a session timed out, any failure): the
-        caller opens a new session. asyncua 2.1's client supports this only inside its own
-        auto-reconnect (off here); the steps are its own, with two of its private parts
-        (the channel-renew loop and the supervisor that reports a lost connection)."""
+        subscription and the nodes resolved stand. A failure before the server answered
+        the activation (no connection, no channel, no answer in time: the cable is still
+        out) keeps the session for the next attempt and raises, so no second session is
+        made while the server cannot be reached. None, the old session given up, when the
+        server refuses it (``BadSessionIdInvalid`` after a restart, any status to the
+        activation) or its timeout has run out since the loss: the caller opens a new
+        session. asyncua 2.1's client supports this only inside its own auto-reconnect
+        (off here); the steps are its own, with two of its private parts (the
+        channel-renew loop and the supervisor that reports a lost connection)."""
         client, self._stale = self._stale, None
         if client is None or not _RESUMABLE:
             return None
         s = self.plc.server
+        timeout_s = float(client.session_timeout) / 1000
+        if time.monotonic() - self._lost_at > timeout_s:
+            log.info("PLC %s: session not resumed (lost %.0f s ago, past the session "
+                     "timeout of %.0f s): a new session", self.plc.id,
+                     time.monotonic() - self._lost_at, timeout_s)
+            await _disconnect(client)
+            return None
+        activating = False
         try:
             old = client._supervisor_task   # it reported the loss, or is about to
             if old is not None and not old.done():
@@ -242,6 +271,7 @@ class NodeLink(ShowsState):
                 await client.send_hello()
                 await client.open_secure_channel()
                 client.uaclient.session.rebind_authentication_token()
+                activating = True
                 await client.activate_session(username=s.user, password=s.password,
                                               certificate=client.user_certificate)
             client.uaclient.ensure_publish_loop()
@@ -252,15 +282,66 @@ class NodeLink(ShowsState):
                 sub.last_publish_at = time.monotonic()
         except Exception as e:
             why = translate(self.plc.id, op, e)
-            log.info("PLC %s: session not resumed (%s): a new session", self.plc.id,
-                     why.status or why.message)
-            await _disconnect(client)
-            return None
-        self._client = client
+            if activating and why.status is not None and why.status not in _CHANNEL_LOST:
+                log.info("PLC %s: session not resumed (%s): a new session", self.plc.id,
+                         why.status)
+                await _disconnect(client)
+                return None
+            # the server did not answer: it may hold the session still; tried again next
+            with contextlib.suppress(Exception):
+                client.disconnect_socket()
+            self._stale = client
+            error = await self._wrong_certificate(op, e) or why
+            error.connection = True
+            if not self._unreached:
+                self._unreached = True
+                log.info("PLC %s: server not reached (%s): the session is kept and "
+                         "resumed once it answers (its session timeout: %.0f s)",
+                         self.plc.id, error.message, timeout_s)
+            self._set_state("error" if isinstance(e, TimeoutError) else "disconnected",
+                            error.message)
+            raise error from e
+        self._client, self._unreached = client, False
         self.sessions["resumed"] += 1
         log.info("PLC %s: session resumed on a new secure channel", self.plc.id)
         self._set_state("connected", None)
         return client
+
+    async def _wrong_certificate(self, op: str, exc: BaseException) -> OpcUaError | None:
+        """A secure connection that failed without a status (a server drops a channel
+        encrypted for another certificate, or never answers it): the server's endpoints
+        read over a None channel (discovery needs no security); a configured
+        ``server_certificate`` that is none of those it presents is the error, named.
+        None when security is off, the failure is a status or a refused connection, or the
+        endpoints cannot be read."""
+        sec, s = self.plc.server.security, self.plc.server
+        if sec.policy == "None" or sec.server_certificate is None:
+            return None
+        if isinstance(exc, UaStatusCodeError | OpcUaError) or (
+                isinstance(exc, OSError) and exc.errno in (
+                    errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)):
+            return None
+        probe = Client(s.endpoint, timeout=s.timeout_s)
+        try:
+            async with asyncio.timeout(s.timeout_s * 2):
+                endpoints = await probe.connect_and_get_server_endpoints()
+            mine = _certificate(sec.server_certificate.read_bytes())
+        except Exception:   # the server out of reach, or a file unreadable: no verdict
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                probe.disconnect_socket()
+        theirs = {_first_der(ep.ServerCertificate) for ep in endpoints
+                  if ep.ServerCertificate}
+        if not theirs or mine in theirs:
+            return None
+        return OpcUaConfigError(
+            f"plc {self.plc.id}: {op}: security.server_certificate "
+            f"{sec.server_certificate} ({_describe(mine)}) is not the certificate the server "
+            f"presents ({', '.join(sorted(_describe(c) for c in theirs))})",
+            plc=self.plc.id, connection=True,
+            hint="export the server's certificate from the PLC and name that file "
+                 "(docs/opcua.md, Security)")
 
     async def _resolve(self, client: Client, op: str) -> None:
         """Every node of the map as a NodeId on this server; the subscription on req and
@@ -393,6 +474,8 @@ class NodeLink(ShowsState):
         """Keep a session whose connection failed for ``_resume`` (one at most: an older
         one is closed)."""
         old, self._stale = self._stale, client
+        if old is not client:   # a new loss: its timeout and its first line from now
+            self._lost_at, self._unreached = time.monotonic(), False
         if old is not None and old is not client:
             closing = asyncio.get_running_loop().create_task(_disconnect(old))
             self._closing.add(closing)
@@ -464,3 +547,36 @@ def _uri(certificate: Any) -> str | None:
         return None
     uris = san.get_values_for_type(x509.UniformResourceIdentifier)
     return uris[0] if uris else None
+
+
+def _first_der(data: bytes) -> bytes:
+    """The leading certificate of a DER blob (a server may send its chain after it)."""
+    if len(data) < 2 or data[0] != 0x30:
+        return data
+    if data[1] < 0x80:
+        return data[:2 + data[1]]
+    n = data[1] & 0x7F
+    return data[:2 + n + int.from_bytes(data[2:2 + n], "big")]
+
+
+def _certificate(data: bytes) -> bytes:
+    """A certificate file's content (DER or PEM) as DER."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    if data.lstrip().startswith(b"-----BEGIN"):
+        return x509.load_pem_x509_certificate(data).public_bytes(Encoding.DER)
+    return _first_der(data)
+
+
+def _describe(der: bytes) -> str:
+    """A certificate as an operator finds it in the PLC's tools: its subject and SHA-1
+    thumbprint."""
+    from cryptography import x509
+
+    thumb = hashlib.sha1(der, usedforsecurity=False).hexdigest()
+    try:
+        subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
+    except ValueError:
+        subject = "unreadable"
+    return f"{subject or 'no subject'}, SHA-1 {thumb}"

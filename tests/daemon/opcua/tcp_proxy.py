@@ -1,6 +1,7 @@
 """A byte-level TCP proxy between rung and the simulated OPC UA PLC, on the test's event
 loop: ``drop`` ends every connection (a dropped session), ``delay`` holds each chunk from
-the server that long (a slow server), ``refuse`` closes new connections at once."""
+the server that long (a slow server), ``refuse`` closes new connections at once (a cable
+pulled: each reconnect fails; ``refused`` counts them)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class TcpProxy:
         self.delay = 0.0
         self.refuse = False
         self.connections = 0
+        self.refused = 0
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
 
@@ -37,6 +39,7 @@ class TcpProxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.refuse:
+            self.refused += 1
             writer.close()
             return
         try:
