@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import random
 import sys
@@ -126,14 +127,24 @@ def collate(data: list[Encoded], idx: list[int],
 
 def load_model(base_dir: Path, cfg: LoraTrainConfig) -> Any:
     """The base in bfloat16 (frozen) with a float32 LoRA adapter on ``cfg.targets``."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    os.environ["HF_HUB_OFFLINE"] = "1"   # never a model hub: the base is local
     base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.bfloat16,
                                                 attn_implementation="sdpa")
     base.config.use_cache = False
-    if cfg.init is not None:
-        model = PeftModel.from_pretrained(base, cfg.init, is_trainable=True)
+    if cfg.init is not None:   # the adapter's own shape, its weights
+        lora = LoraConfig.from_pretrained(cfg.init)
+        lora.inference_mode = False
+        lora.base_model_name_or_path = base.config.name_or_path   # saved as cfg.base
+        model = get_peft_model(base, lora)
+        state = load_file(str(Path(cfg.init) / "adapter_model.safetensors"))
+        result = set_peft_model_state_dict(model, state)
+        if result.unexpected_keys:
+            raise SystemExit(f"{cfg.init}: the adapter does not fit the base "
+                             f"({result.unexpected_keys[0]})")
     else:
         model = get_peft_model(base, LoraConfig(
             r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
