@@ -235,8 +235,10 @@ def _policy(policy: RetryPolicy) -> dict[str, Any]:
             "feedback_sampled": policy.feedback_sampled}
 
 
-def handwritten(model_dir: Path, path: Path,
-                policy: RetryPolicy | None = None) -> dict[str, Any]:
+def handwritten(model_dir: Path, path: Path, policy: RetryPolicy | None = None,
+                opts: ExportOptions | None = None,
+                tasks: tuple[str, ...] = ("st_code", "fault_tree", "diagnosis")
+                ) -> dict[str, Any]:
     """Requests written by hand (``tests/data/handwritten.json``) answered as ``rung serve``
     answers them (``rung export``'s defaults, shapes, verified retries by ``policy``, default the
     daemon's): per task the share **right** beside the share valid
@@ -244,15 +246,17 @@ def handwritten(model_dir: Path, path: Path,
     against the request's test vectors, ``st_vectors``), why the others are not right,
     mean tries, mean seconds, and the retries fed back and resampled."""
     policy = policy or RetryPolicy()
+    opts = opts or ExportOptions()
     requests = json.loads(path.read_text(encoding="utf-8"))
     vectors = requests.get("st_vectors") or []
     out: dict[str, Any] = {"retry": _policy(policy)}
     quality = Tally()
     with tempfile.TemporaryDirectory() as tmp:
         engine_dir = Path(tmp) / "shipped"
-        export(model_dir, engine_dir, ExportOptions())
+        m = export(model_dir, engine_dir, opts)
+        out["engine"] = {"weights": m.weights, "kv": m.kv.dtype, "adapter": m.adapter}
         runner = _runner(engine_dir)
-        for task in ("st_code", "fault_tree", "diagnosis"):
+        for task in tasks:
             inputs = requests[task]
             if task == "st_code":   # the vectors travel with the request: checked, retried
                 inputs = [{**data, "vectors": vectors[i]} if i < len(vectors) else data
@@ -293,12 +297,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--feedback-greedy", dest="feedback_sampled", action="store_false",
                    help="with --retry-mode feedback: sample the feedback tries as the "
                         "request asks (greedy) instead of at the retry temperature")
+    p.add_argument("--adapter", type=Path, help="merge this LoRA adapter into the model first "
+                   "(rung export --adapter)")
+    p.add_argument("--weights", choices=["fp32", "fp16", "int8", "int4"],
+                   help="export at this precision (default: rung export's)")
+    p.add_argument("--tasks", default="st_code,fault_tree,diagnosis",
+                   help="with --inputs: the tasks to answer (default all three)")
     args = p.parse_args(argv)
     set_enabled(False)
+    from rung.export.bases import resolve
+
+    args.model_dir = resolve(args.model_dir)
+    opts = ExportOptions(weights=args.weights, adapter=args.adapter)
     policy = (None if args.retry_mode is None else
               RetryPolicy(mode=args.retry_mode, form=args.feedback_form,
                           feedback_sampled=args.feedback_sampled))
-    result = (handwritten(args.model_dir, args.inputs, policy) if args.inputs
+    result = (handwritten(args.model_dir, args.inputs, policy, opts,
+                          tuple(t for t in args.tasks.split(",") if t)) if args.inputs
               else evaluate(args.model_dir, args.n, args.seed) if policy is None
               else retries(args.model_dir, args.n, args.seed, policy))
     text = json.dumps(result, indent=2, ensure_ascii=False)
