@@ -6,8 +6,9 @@ same request tersely or wordily, with plant tags (``pump P-101``), other verbs a
 comparisons (``drops under``, ``is over``), other unit spellings (``10 sec``, ``2 mins``) and
 most often with no POU type, name or interface at all. ``reword`` draws such a variant of a
 corpus sample and keeps it only where code still reads the same request from it: the same
-stated values in the same order (``st_request.read``), the same declared interface and
-setpoints where the request fixes them (``st_request.declared``), the input valid against
+stated values in the same order (``st_request.read``), the same setpoints (names, types,
+values: ``st_request.setpoints``), the same declared interface where the request fixes it
+(``st_request.declared``), the input valid against
 the task's input schema and the sample's answer still passing every validator of the task;
 otherwise the sample is returned as it was. The answers are never changed.
 
@@ -143,6 +144,10 @@ def _stated(data: Mapping[str, Any]) -> list[tuple[float, str | None]]:
     return out
 
 
+def _named(setpoints: list[dict[str, str]]) -> list[tuple[str, str, str]]:
+    return [(v["name"], v["type"], v["initial"]) for v in setpoints]
+
+
 def same_request(task: str, before: Mapping[str, Any], after: Mapping[str, Any],
                  answer: Any) -> bool:
     """Whether code reads ``after`` as it reads ``before``, and ``answer`` still passes."""
@@ -156,6 +161,8 @@ def same_request(task: str, before: Mapping[str, Any], after: Mapping[str, Any],
             return False
         if st_request.read(before).needs != st_request.read(after).needs:
             return False
+        if _named(st_request.setpoints(before)) != _named(st_request.setpoints(after)):
+            return False   # code would name the setpoints otherwise than the answer does
         if "name" in after and st_request.declared(before) != st_request.declared(after):
             return False
     ok, _ = validate_output(t.output_schema, t.validators, answer, after)

@@ -263,8 +263,11 @@ def handwritten(model_dir: Path, path: Path, policy: RetryPolicy | None = None,
                           for i, data in enumerate(inputs)]
             tally = Counter(runner.retries)
             t0 = time.perf_counter()
-            results = [runner.run([(task, data)], SamplingParams(), retry=policy)[0]
-                       for data in inputs]
+            results, times = [], []
+            for data in inputs:
+                t1 = time.perf_counter()
+                results.append(runner.run([(task, data)], SamplingParams(), retry=policy)[0])
+                times.append(time.perf_counter() - t1)
             for r in results:
                 err = r.error or {}
                 quality.add(task, judge(task, r.validation,
@@ -274,6 +277,7 @@ def handwritten(model_dir: Path, path: Path, policy: RetryPolicy | None = None,
                 "passed_checks": sum(r.ok for r in results) / len(inputs),
                 "mean_attempts": sum(r.attempts for r in results) / len(inputs),
                 "mean_s": (time.perf_counter() - t0) / len(inputs),
+                "p50_s": float(np.percentile(times, 50)), "p95_s": float(np.percentile(times, 95)),
                 **_retries(runner, tally, task),
                 "failures": [(r.error or {}).get("message") for r in results if not r.ok]}
             out[task] = entry
