@@ -4,7 +4,9 @@
 in them. ``join`` prepares a request (input check, prompt, grammar: ``TaskRunner.prepare``)
 and puts it in a free row; ``step`` runs the decoder until a sequence finishes (or
 ``interrupt`` is set: a request waits for a row), parses and validates each finished one
-(``TaskRunner.finish``) and, where the retry policy allows it (tries, ``budget_s`` and the
+(``TaskRunner.finish``; the request counts as in flight until it is checked, and an ST
+answer's run against the request's test vectors is held to its work budget,
+``st_exec.DEFAULT_WORK_BUDGET``, so no check keeps the other rows waiting long) and, where the retry policy allows it (tries, ``budget_s`` and the
 request's deadline), starts the next try in the row the failed one just left; every other
 finished request leaves with its :class:`~rung.daemon.request.Answer`.
 
@@ -128,7 +130,8 @@ class Drive:
             return self.fail_all(brief("generation failed", type(e).__name__))
         answers: list[Answer] = []
         for tag, gen in done:
-            req, prepared = self.inflight.pop(tag)
+            # in flight until checked: its row is free, the request is not answered yet
+            req, prepared = self.inflight[tag]
             joined = self._joined.pop(req.uid, None)
             if joined is not None:
                 self._first_token[req.uid] = (joined - req.received) * 1000 + gen.ttft_ms
@@ -139,6 +142,7 @@ class Drive:
                 res = _internal(req, e, gen)
                 res.attempts = prepared.attempt
                 res.failed_checks = (*prepared.failed_checks, "internal")
+            del self.inflight[tag]
             if not (retries and self.retry is not None
                     and self.retry.allows(prepared, res, req.deadline)
                     and self._again(req, prepared, res)):

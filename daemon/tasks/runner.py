@@ -124,20 +124,6 @@ class RetryPolicy:
                 and time.monotonic() - prepared.started < self.budget_s)
 
 
-def _check_vectors(task: Task, data: Any) -> None:
-    """An ST request's test vectors run (``st_exec``): malformed ones are the request's
-    mistake, refused before any answer is written."""
-    vectors = data.get("vectors") if isinstance(data, Mapping) else None
-    if vectors is None or "st" not in task.validators:
-        return
-    from rung.daemon.tasks.st_exec import check_vectors
-
-    try:
-        check_vectors(vectors)
-    except ValueError as e:
-        raise TaskError(f"input vectors: {e}", "see docs/tasks.md, test vectors") from e
-
-
 def _request(task: str, data: Any) -> Request:
     """The request as the runner knows it (task and input); the driver gives an answer
     the request it was asked with."""
@@ -183,8 +169,7 @@ class TaskRunner:
         if task is None:
             return _fail(name, data, "unknown_task", f"no task named {name!r}")
         try:
-            task.check_input(data)
-            _check_vectors(task, data)
+            task.check_input(data)   # the test vectors too (``task._check_vectors``)
             ids = self.prompt_ids(task, data)
             row_params = replace(params, stop=(), max_tokens=min(
                 max_tokens or task.max_tokens, task.max_tokens))

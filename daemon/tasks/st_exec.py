@@ -59,6 +59,16 @@ REAL), an array index out of bounds, ``MUX`` with a selector out of range, a mat
 error, a loop that runs more than ``step_budget`` iterations in one scan (an endless loop)
 raise ``StExecError`` with the line and column in the body.
 
+Work: a run is also held to one budget for all its scans (``work_budget``; ``run_vectors``:
+``DEFAULT_WORK_BUDGET``), counted in *steps*: each node of the body's syntax tree a statement
+evaluates (the statement, its operands and operators; an IF counts all its conditions, a
+nested statement counts when it runs), each loop iteration (a WHILE or REPEAT one its
+condition's nodes too), one per scan, and one per array element a scan resets or copies in
+(VAR_TEMP arrays, a FUNCTION's, array inputs), or the program declares. A statement's cost
+here is a few tenths of a microsecond, so a run stops within about a second
+(``StExecError``: "... work budget ... spent"), whatever the POU does in each scan: the
+check runs in the engine thread, between other requests' decoding steps.
+
 What does not run (``StExecError`` when the POU is built, saying so): DATE, TIME_OF_DAY
 and DATE_AND_TIME (variables, literals, the date functions such as ``DAY_OF_WEEK``), BCD
 conversions, ``LOWER_BOUND``/``UPPER_BOUND``/``SIZEOF``/``ADR``/``REF``: the answer schema
@@ -95,11 +105,18 @@ from rung.daemon.tasks import st
 if TYPE_CHECKING:
     from tree_sitter import Node
 
-__all__ = ["DEFAULT_MAX_SCANS", "DEFAULT_STEP_BUDGET", "Program", "StExecError",
-           "run_vectors"]
+__all__ = ["DEFAULT_MAX_SCANS", "DEFAULT_STEP_BUDGET", "DEFAULT_WORK_BUDGET", "Program",
+           "StExecError", "run_vectors"]
 
 DEFAULT_STEP_BUDGET = 100_000   # loop iterations one scan may run
-DEFAULT_MAX_SCANS = 200_000     # scans one run_vectors may run
+# scans one run_vectors may run: a PLC test's (the hand-written set's longest runs 7,120
+# scans, the corpus's 9,050: a 15-minute run-on at 0.1 s a scan)
+DEFAULT_MAX_SCANS = 20_000
+# steps (syntax nodes evaluated, loop iterations, scans, array elements) one run_vectors may
+# take: ~0.06 us a step here (a 1,000-sample moving average: 8 steps an iteration, 1,250
+# scans of it), so about 0.6 s a run on this box's cores
+DEFAULT_WORK_BUDGET = 10_000_000
+_UNLIMITED = 1 << 62
 
 Fn = Callable[[], Any]
 Stmt = Callable[[], None]
@@ -753,11 +770,39 @@ class _Return(Exception):
 
 
 class _Budget:
-    __slots__ = ("left", "limit")
+    """Loop iterations left in this scan (of ``limit``: an endless loop) and steps left in
+    the whole run (``work``, of ``work_limit``)."""
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = ("left", "limit", "work", "work_limit")
+
+    def __init__(self, limit: int, work_limit: int | None = None) -> None:
         self.limit = limit
         self.left = limit
+        self.work_limit = _UNLIMITED if work_limit is None else work_limit
+        self.work = self.work_limit
+
+    @property
+    def spent(self) -> int:
+        """Steps taken so far."""
+        return self.work_limit - self.work
+
+    def exhausted(self, loc: Loc) -> StExecError:
+        return _fail(loc, f"the run's work budget of {self.work_limit} steps is spent (a "
+                          "step: a syntax node evaluated, a loop iteration, a scan): the "
+                          "POU does too much in each scan for these vectors")
+
+
+def _weight(node: Node) -> int:
+    """The steps a statement takes itself: its syntax nodes, those of the statements nested
+    in it left out (they count when they run)."""
+    n, stack = 1, list(node.named_children)
+    while stack:
+        c = stack.pop()
+        if c.type.endswith("_statement") or c.type in _SKIP:
+            continue
+        n += 1
+        stack.extend(c.named_children)
+    return n
 
 
 _NOCONST: Any = object()
@@ -865,25 +910,34 @@ class _Compiler:
 
     # -- statements
 
-    def block(self, nodes: Sequence[Node]) -> Stmt:
-        stmts = [s for s in (self.stmt(n) for n in nodes if n.type not in _SKIP)
-                 if s is not None]
+    def block(self, nodes: Sequence[Node]) -> tuple[Stmt, int]:
+        """The statements in order, and the steps one run of them takes itself
+        (``_weight``). Whoever runs a block charges them to the run's work budget: a loop
+        each iteration, where the budget is checked, an IF or CASE the branch it takes,
+        a scan its body (checked at the scan's start), so a stretch without a loop may go
+        past the budget by at most one body's steps."""
+        stmts, cost = [], 0
+        for n in nodes:
+            if n.type in _SKIP or (s := self.stmt(n)) is None:
+                continue
+            stmts.append(s)
+            cost += _weight(n)
         if not stmts:
-            return lambda: None
+            return (lambda: None), cost
         if len(stmts) == 1:
-            return stmts[0]
+            return stmts[0], cost
         if len(stmts) == 2:
             a, b = stmts
 
             def two() -> None:
                 a()
                 b()
-            return two
+            return two, cost
 
         def run() -> None:
             for s in stmts:
                 s()
-        return run
+        return run, cost
 
     def stmt(self, node: Node) -> Stmt | None:
         t = node.type
@@ -1045,38 +1099,44 @@ class _Compiler:
         raise self.err(node, f"cannot store {_a(_describe(e.type))} in {what}, {_a(target)}{hint}")
 
     def if_stmt(self, node: Node) -> Stmt:
+        budget = self.prog._budget
         arms = [(self.cond(self.field(node, "condition")),
-                 self.block(self.fields(node, "consequence")))]
-        otherwise: Stmt | None = None
+                 *self.block(self.fields(node, "consequence")))]
+        otherwise: tuple[Stmt, int] | None = None
         for clause in self.named(node):
             if clause.type == "elsif_clause":
                 arms.append((self.cond(self.field(clause, "condition")),
-                             self.block(self.fields(clause, "body"))))
+                             *self.block(self.fields(clause, "body"))))
             elif clause.type == "else_clause":
                 otherwise = self.block(self.fields(clause, "body"))
         if len(arms) == 1:
-            (cond, then), = arms
+            (cond, then, cost), = arms
             if otherwise is None:
                 def if_then() -> None:
                     if cond():
+                        budget.work -= cost
                         then()
                 return if_then
-            other = otherwise
+            other, other_cost = otherwise
 
             def if_else() -> None:
                 if cond():
+                    budget.work -= cost
                     then()
                 else:
+                    budget.work -= other_cost
                     other()
             return if_else
 
         def run() -> None:
-            for c, b in arms:
+            for c, b, n in arms:
                 if c():
+                    budget.work -= n
                     b()
                     return
             if otherwise is not None:
-                otherwise()
+                budget.work -= otherwise[1]
+                otherwise[0]()
         return run
 
     def cond(self, node: Node) -> Fn:
@@ -1089,9 +1149,9 @@ class _Compiler:
         subject = self.expr(self.field(node, "subject"))
         if _kind(subject.type) != "int":
             raise self.err(node, f"CASE needs an integer selector, not {_describe(subject.type)}")
-        table: dict[int, Stmt] = {}
-        ranges: list[tuple[int, int, Stmt]] = []
-        otherwise: Stmt | None = None
+        table: dict[int, tuple[Stmt, int]] = {}
+        ranges: list[tuple[int, int, tuple[Stmt, int]]] = []
+        otherwise: tuple[Stmt, int] | None = None
         for clause in self.named(node):
             if clause.type == "else_clause":
                 otherwise = self.block(self.fields(clause, "body"))
@@ -1113,7 +1173,7 @@ class _Compiler:
                         if k in table or any(a <= k <= b for a, b, _ in ranges):
                             raise self.err(label, f"CASE label {k} appears twice")
                         table[k] = body
-        fn = subject.fn
+        fn, budget = subject.fn, self.prog._budget
 
         def run() -> None:
             v = fn()
@@ -1126,7 +1186,8 @@ class _Compiler:
                 else:
                     chosen = otherwise
             if chosen is not None:
-                chosen()
+                budget.work -= chosen[1]
+                chosen[0]()
         return run
 
     def case_label(self, node: Node) -> int:
@@ -1135,7 +1196,7 @@ class _Compiler:
             raise self.err(node, "a CASE label must be an integer constant")
         return int(e.const)
 
-    def loop_body(self, node: Node) -> Stmt:
+    def loop_body(self, node: Node) -> tuple[Stmt, int]:
         self.loops += 1
         try:
             return self.block(self.fields(node, "body"))
@@ -1143,7 +1204,10 @@ class _Compiler:
             self.loops -= 1
 
     def over_budget(self, loc: Loc) -> StExecError:
-        return _fail(loc, f"more than {self.prog._budget.limit} loop iterations in one scan: "
+        budget = self.prog._budget
+        if budget.work < 0:
+            return budget.exhausted(loc)
+        return _fail(loc, f"more than {budget.limit} loop iterations in one scan: "
                           "an endless loop?")
 
     def for_stmt(self, node: Node) -> Stmt:
@@ -1165,7 +1229,8 @@ class _Compiler:
                                      f"{_describe(e.type)}")
         store = self.conv(control, d.type, start, f"'{d.name}'") or (lambda v: v)
         wrap = _wrapper(d.type)
-        body = self.loop_body(node)
+        body, cost = self.loop_body(node)
+        cost += 1   # the counter's test and step
         vals, key, budget, loc = self.prog._vals, d.key, self.prog._budget, self.loc(node)
         fs, fe, fst = start.fn, end.fn, step.fn
         over = self.over_budget
@@ -1178,7 +1243,8 @@ class _Compiler:
                 if (i > last) if by >= 0 else (i < last):
                     return
                 budget.left -= 1
-                if budget.left < 0:
+                budget.work -= cost
+                if budget.left < 0 or budget.work < 0:
                     raise over(loc)
                 try:
                     body()
@@ -1190,14 +1256,17 @@ class _Compiler:
         return run
 
     def while_stmt(self, node: Node) -> Stmt:
-        cond = self.cond(self.field(node, "condition"))
-        body = self.loop_body(node)
+        condition = self.field(node, "condition")
+        cond = self.cond(condition)
+        body, cost = self.loop_body(node)
         budget, loc, over = self.prog._budget, self.loc(node), self.over_budget
+        cost += _weight(condition)
 
         def run() -> None:
             while cond():
                 budget.left -= 1
-                if budget.left < 0:
+                budget.work -= cost
+                if budget.left < 0 or budget.work < 0:
                     raise over(loc)
                 try:
                     body()
@@ -1208,14 +1277,17 @@ class _Compiler:
         return run
 
     def repeat_stmt(self, node: Node) -> Stmt:
-        body = self.loop_body(node)
-        cond = self.cond(self.field(node, "condition"))
+        body, cost = self.loop_body(node)
+        condition = self.field(node, "condition")
+        cond = self.cond(condition)
         budget, loc, over = self.prog._budget, self.loc(node), self.over_budget
+        cost += _weight(condition)
 
         def run() -> None:
             while True:
                 budget.left -= 1
-                if budget.left < 0:
+                budget.work -= cost
+                if budget.left < 0 or budget.work < 0:
                     raise over(loc)
                 try:
                     body()
@@ -1907,10 +1979,13 @@ class Program:
     FUNCTION). Raises ``StExecError`` when the POU does not parse (the checker's message),
     uses an undeclared name, breaks IEC's type rules, or needs what the interpreter lacks.
     ``step_budget``: loop iterations one scan may run before it is stopped as endless.
+    ``work_budget``: steps the program may take in all its scans (None: no limit; see the
+    module's "Work"); ``steps``: those taken.
     """
 
     def __init__(self, pou: Mapping[str, Any], *,
-                 step_budget: int = DEFAULT_STEP_BUDGET) -> None:
+                 step_budget: int = DEFAULT_STEP_BUDGET,
+                 work_budget: int | None = None) -> None:
         if not isinstance(pou, Mapping):
             raise StExecError("the POU must be a JSON object")
         self.pou_type = str(pou.get("pou_type", "")).upper()
@@ -1921,7 +1996,7 @@ class Program:
         if not re.fullmatch(r"[A-Za-z_]\w*", self.name):
             raise StExecError(f"POU name {pou.get('name')!r} is not an identifier")
         self._clock = _Clock()
-        self._budget = _Budget(step_budget)
+        self._budget = _Budget(step_budget, work_budget)
         self._decls: dict[str, _Decl] = {}
         self._vals: dict[str, Any] = {}
         self._fbs: dict[str, _FB] = {}
@@ -1965,9 +2040,17 @@ class Program:
         self._fresh_vals = {d.key: d.init for d in fresh if not d.fb and d.bounds is None}
         self._fresh_arrays = [(self._vals[d.key], d.init) for d in fresh if d.bounds is not None]
         self._fresh_fbs = [self._fbs[d.key] for d in fresh if d.fb]
+        # a scan is a step, and so is each array element it resets
+        self._scan_cost = 1 + sum(len(init) for _, init in self._fresh_arrays)
+        self._budget.work -= sum(len(d.init) for d in self._decls.values()
+                                 if d.bounds is not None)
+        if self._budget.work < 0:
+            raise self._budget.exhausted(None)
         self._outputs = [(d.name, d.key, d.type) for d in self._decls.values()
                          if d.section in _OUTPUT_SECTIONS]
+        self._body_cost = 0
         self._body = self._compile(pou)
+        self._scan_cost += self._body_cost
         self.scans = 0
 
     def _compile(self, pou: Mapping[str, Any]) -> Stmt:
@@ -1987,7 +2070,8 @@ class Program:
             raise StExecError("the rendered POU has no declaration")
         compiler = _Compiler(self, source, body_start)
         try:
-            return compiler.block(compiler.fields(decl, "body"))
+            body, self._body_cost = compiler.block(compiler.fields(decl, "body"))
+            return body
         except RecursionError:
             raise StExecError("the body nests too deeply to run") from None
 
@@ -2038,13 +2122,22 @@ class Program:
             arr[:] = init
         for fb in self._fresh_fbs:
             fb.reset()
-        self._budget.left = self._budget.limit
+        budget = self._budget
+        budget.left = budget.limit
+        budget.work -= self._scan_cost
+        if budget.work < 0:
+            raise budget.exhausted(None)
         try:
             with contextlib.suppress(_Return):
                 self._body()
         except RecursionError:
             raise StExecError("the body nests too deeply to run") from None
         self.scans += 1
+
+    @property
+    def steps(self) -> int:
+        """The steps the program has taken (its work, as ``work_budget`` counts it)."""
+        return self._budget.spent
 
     def outputs(self) -> dict[str, Any]:
         """VAR_OUTPUT and VAR_IN_OUT values, and a FUNCTION's result under its name (a TIME
@@ -2088,7 +2181,8 @@ def _section_name(d: _Decl) -> str:
 
 def run_vectors(pou: Mapping[str, Any], vectors: Mapping[str, Any], *,
                 step_budget: int = DEFAULT_STEP_BUDGET,
-                max_scans: int = DEFAULT_MAX_SCANS) -> dict[str, Any]:
+                max_scans: int = DEFAULT_MAX_SCANS,
+                work_budget: int = DEFAULT_WORK_BUDGET) -> dict[str, Any]:
     """Run ``pou`` through timed test vectors and compare its outputs.
 
     ``vectors``: ``{"scan_s": 0.1, "steps": [{"t": 0.0, "set": {"level": 50.0}},
@@ -2104,28 +2198,35 @@ def run_vectors(pou: Mapping[str, Any], vectors: Mapping[str, Any], *,
     name (its result); any other name is a failure: the answer did not use the interface
     asked for.
 
-    Returns ``{"ok", "failures": [{"t", "name", "expected", "got", "message"}], "error"}``:
-    ``error`` is the ``StExecError`` that stopped the run (the POU does not build, or a
-    scan failed), with the time. Malformed ``vectors`` (a test's mistake, not the
-    answer's) raise ``ValueError``.
+    The whole run is held to ``work_budget`` steps (the module's "Work"): a POU that
+    takes more fails with an ``error`` that says so.
+
+    Returns ``{"ok", "failures": [{"t", "name", "expected", "got", "message"}], "error",
+    "steps"}``: ``error`` is the ``StExecError`` that stopped the run (the POU does not
+    build, or a scan failed), with the time; ``steps`` the work it took. Malformed
+    ``vectors`` (a test's mistake, not the answer's), and vectors that need more than
+    ``max_scans`` scans or ``work_budget`` steps whatever the POU, raise ``ValueError``.
     """
-    scan_s, steps = _check_vectors(vectors, max_scans)
+    scan_s, steps = _check_vectors(vectors, max_scans, work_budget)
     failures: list[dict[str, Any]] = []
-    result: dict[str, Any] = {"ok": False, "failures": failures, "error": None}
+    result: dict[str, Any] = {"ok": False, "failures": failures, "error": None, "steps": 0}
     try:
-        prog = Program(pou, step_budget=step_budget)
+        prog = Program(pou, step_budget=step_budget, work_budget=work_budget)
     except StExecError as e:
         result["error"] = f"the POU does not run: {e}"
         return result
     scan_ns = round(scan_s * _NS)
     held: dict[str, Any] = {}
+    copied = 0   # array elements the held inputs copy in each scan: steps
     k = 0
     t = 0.0
+    budget = prog._budget
 
     def scan_through(limit_ns: int, inclusive: bool) -> None:
         nonlocal k
         while k * scan_ns < limit_ns or (inclusive and k * scan_ns == limit_ns):
             prog._clock.now = k * scan_ns
+            budget.work -= copied
             prog._set_inputs(held)
             prog._run()
             k += 1
@@ -2149,6 +2250,7 @@ def run_vectors(pou: Mapping[str, Any], vectors: Mapping[str, Any], *,
                         held.update(prog.coerce_inputs({name: value}))
                     except StExecError as e:
                         problem = str(e)
+                    copied = sum(len(v) for v in held.values() if isinstance(v, list))
                 if problem is not None:
                     failures.append({"t": t, "name": name, "expected": value, "got": None,
                                      "message": problem})
@@ -2168,13 +2270,17 @@ def run_vectors(pou: Mapping[str, Any], vectors: Mapping[str, Any], *,
                 if message is not None:
                     failures.append({"t": t, "name": name, "expected": expected, "got": got,
                                      "message": message})
+        if budget.work < 0:   # the last stretch without a loop went past it
+            raise budget.exhausted(None)
     except StExecError as e:
         result["error"] = f"at t={t:g} s (scan {k}, t={k * scan_s:g} s): {e}"
     result["ok"] = not failures and result["error"] is None
+    result["steps"] = min(prog.steps, work_budget)
     return result
 
 
-def _check_vectors(vectors: Mapping[str, Any], max_scans: int
+def _check_vectors(vectors: Mapping[str, Any], max_scans: int,
+                   work_budget: int = DEFAULT_WORK_BUDGET
                    ) -> tuple[float, list[Mapping[str, Any]]]:
     if not isinstance(vectors, Mapping):
         raise ValueError("vectors must be an object with 'scan_s' and 'steps'")
@@ -2207,10 +2313,33 @@ def _check_vectors(vectors: Mapping[str, Any], max_scans: int
         for name, expected in (step.get("expect") or {}).items():
             if expected is None or (isinstance(expected, Mapping) and "value" not in expected):
                 raise ValueError(f"vectors: step {i}: expect {name!r} needs a value")
-    if last / scan_s > max_scans:
-        raise ValueError(f"vectors: {last:g} s at {scan_s:g} s a scan is more than "
-                         f"{max_scans} scans")
+    scans = round(last * _NS) // round(scan_s * _NS) + 1   # at 0, scan_s, ... up to last
+    if scans > max_scans:
+        raise ValueError(f"vectors: {last:g} s at {scan_s:g} s a scan is {scans} scans, "
+                         f"more than the {max_scans} a test may run")
+    need = _least_work(steps, scan_s, scans)
+    if need > work_budget:
+        raise ValueError(f"vectors: {scans} scans copying in the arrays they set take at "
+                         f"least {need} steps, more than the run's work budget of "
+                         f"{work_budget}")
     return float(scan_s), steps
+
+
+def _least_work(steps: Sequence[Mapping[str, Any]], scan_s: float, scans: int) -> int:
+    """The steps any POU takes through these vectors: a step a scan, and each element of
+    an array a ``set`` holds, each scan it is held (by name: a set again replaces it)."""
+    held: dict[str, tuple[int, int]] = {}   # name -> (its size, the scan it is set from)
+    done, scan_ns = 0, round(scan_s * _NS)
+    for step in steps:
+        for name, value in (step.get("set") or {}).items():
+            key = str(name).upper()
+            scan = -(-round(float(step["t"]) * _NS) // scan_ns)   # the first to see it
+            if key in held:
+                size, since = held.pop(key)
+                done += size * max(0, scan - since)
+            if isinstance(value, list):
+                held[key] = (len(value), scan)
+    return scans + done + sum(size * max(0, scans - since) for size, since in held.values())
 
 
 def _interface_problem(prog: Program, name: str, part: str) -> str | None:
@@ -2268,7 +2397,9 @@ def _mismatch(expected: Any, got: Any, type_: str) -> str | None:
     return None if ok else f"expected {expected}, got {got}"
 
 
-def check_vectors(vectors: Mapping[str, Any], max_scans: int = 200_000) -> None:
-    """Refuse malformed test vectors before any answer is written (a request's
+def check_vectors(vectors: Mapping[str, Any], max_scans: int = DEFAULT_MAX_SCANS,
+                  work_budget: int = DEFAULT_WORK_BUDGET) -> None:
+    """Refuse malformed test vectors, and vectors no POU could run within ``max_scans``
+    scans and ``work_budget`` steps, before any answer is written (a request's
     ``vectors``: ``bad_request`` at the edge); raises ``ValueError`` naming the problem."""
-    _check_vectors(vectors, max_scans)
+    _check_vectors(vectors, max_scans, work_budget)

@@ -150,6 +150,9 @@ class Task:
             where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
             raise TaskError(f"task {self.name}: input {where}: {err.message}",
                             "see the task's input_schema")
+        vectors = data.get("vectors") if isinstance(data, Mapping) else None
+        if vectors is not None and "st" in self.validators:
+            _check_vectors(self.name, vectors)
 
     def messages(self, data: Mapping[str, Any]) -> list[dict[str, str]]:
         """The chat for one input: system prompt + the rendered user prompt."""
@@ -161,6 +164,19 @@ class Task:
                             f"({e})") from e
         return [{"role": "system", "content": self.system_prompt},
                 {"role": "user", "content": user}]
+
+
+def _check_vectors(task: str, vectors: Any) -> None:
+    """An ST request's test vectors run (``st_exec``) within a test's scans and the run's
+    work budget: malformed ones, or ones no answer could run within it, are the request's
+    mistake, refused at the edge before any answer is written."""
+    from rung.daemon.tasks.st_exec import check_vectors
+
+    try:
+        check_vectors(vectors)
+    except ValueError as e:
+        raise TaskError(f"task {task}: input vectors: {str(e).removeprefix('vectors: ')}",
+                        "see docs/tasks.md, test vectors") from e
 
 
 def _string(v: Any, key: str) -> str:

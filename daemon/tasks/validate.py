@@ -67,7 +67,8 @@ def _behaviour(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, 
               for f in run.get("failures") or []]
     if run.get("error"):
         errors.insert(0, {"path": "body", "message": str(run["error"])})
-    return {"behaviour": {"ok": bool(run.get("ok")), "errors": errors[:20]}}
+    return {"behaviour": {"ok": bool(run.get("ok")), "errors": errors[:20],
+                          "steps": run.get("steps", 0)}}
 
 
 def _fault_tree(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Section]:

@@ -72,13 +72,12 @@ def test_malformed_vectors_are_the_requests_mistake() -> None:
     """Refused before any answer is written (``bad_request``), not judged against it."""
     import pytest
 
-    from rung.daemon.tasks.runner import _check_vectors
     from rung.daemon.tasks.task import TaskError, load_tasks
 
     st = load_tasks()["st_code"]
-    _check_vectors(st, DRAIN)   # fine
+    st.check_input(DRAIN)   # fine
     bad = {**DRAIN, "vectors": {"scan_s": 0.1, "steps": [{"t": 2.0}, {"t": 1.0}]}}
-    with pytest.raises(TaskError, match="input vectors"):
-        _check_vectors(st, bad)
+    with pytest.raises(TaskError, match="input vectors: step 1"):
+        st.check_input(bad)
     ok, v = validate_output({}, ("st",), _pou(RIGHT), {"description": "x"})
     assert "behaviour" not in v   # no vectors, no behaviour section

@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.tasks.st_exec import Program, StExecError, run_vectors
+from rung.daemon.tasks.st_exec import (
+    DEFAULT_WORK_BUDGET,
+    Program,
+    StExecError,
+    check_vectors,
+    run_vectors,
+)
 
 
 def var(section: str, name: str, type_: str, initial: str | None = None) -> dict[str, str]:
@@ -399,7 +405,7 @@ def test_function_result_and_no_memory() -> None:
     assert prog.scan({"x": 3}) == {"F_Scale": 0.0}
     result = run_vectors(f, {"steps": [{"t": 0, "set": {"x": 14, "lo": 4},
                                         "expect": {"f_scale": 5.0}}]})
-    assert result == {"ok": True, "failures": [], "error": None}
+    assert result == {"ok": True, "failures": [], "error": None, "steps": result["steps"]}
 
 
 def test_state_persists_and_var_temp_restarts() -> None:
@@ -543,8 +549,8 @@ HYSTERESIS_VECTORS: dict[str, Any] = {"scan_s": 0.1, "steps": [
 
 
 def test_hysteresis_passes_its_vectors() -> None:
-    assert run_vectors(HYSTERESIS, HYSTERESIS_VECTORS) == {
-        "ok": True, "failures": [], "error": None}
+    result = run_vectors(HYSTERESIS, HYSTERESIS_VECTORS)
+    assert result == {"ok": True, "failures": [], "error": None, "steps": result["steps"]}
 
 
 def test_wrong_hysteresis_fails_them() -> None:
@@ -565,7 +571,8 @@ def test_vectors_timing_with_a_timer() -> None:
         {"t": 6.1, "set": {"run": False}},
         {"t": 6.1, "expect": {"done": False}},   # steps at one time: sets, a scan, expects
     ]}
-    assert run_vectors(p, vectors) == {"ok": True, "failures": [], "error": None}
+    result = run_vectors(p, vectors)
+    assert result == {"ok": True, "failures": [], "error": None, "steps": result["steps"]}
 
 
 def test_real_tolerances() -> None:
@@ -620,6 +627,81 @@ def test_endless_loop_in_vectors() -> None:
     result = run_vectors(p, {"steps": [{"t": 0}, {"t": 1, "set": {"run": True}}]},
                          step_budget=1000)
     assert result["ok"] is False and "endless loop" in result["error"]
+
+
+# --- the run's work budget ---------------------------------------------------------------------
+
+
+def test_steps_are_counted_as_documented() -> None:
+    """A step: a scan, each syntax node a statement evaluates (a nested statement counts
+    when it runs), each loop iteration; the branch an IF does not take is not counted."""
+    p = pou("FOR i := 1 TO 10 DO\n  s := s + i;\nEND_FOR;\nIF s > 1000 THEN\n  s := 0;\n"
+            "END_IF;", var("VAR", "i", "INT"), var("VAR", "s", "DINT"))
+    prog = Program(p)
+    prog.scan()
+    # scan 1; FOR i, 1, 10: 4; IF s > 1000: 4; ten iterations of 1 + (s := s + i: 5)
+    assert prog.steps == 1 + 4 + 4 + 10 * (1 + 5)
+    prog.scan()
+    assert prog.steps == 2 * 69
+    # array elements count: declared once, reset each scan when VAR_TEMP
+    arr = Program(pou("a[0] := 1;", var("VAR_TEMP", "a", "ARRAY[0..99] OF INT")))
+    assert arr.steps == 100
+    arr.scan()
+    assert arr.steps == 100 + 1 + 100 + 5   # scan, reset, a[0] := 1 (a, [0], 0 and :=)
+
+
+MOVING_AVERAGE = pou(   # as a capable model writes one: the sum over 1,000 samples each scan
+    "buf[k] := x;\nk := (k + 1) MOD 1000;\nsum := 0.0;\nFOR i := 0 TO 999 DO\n"
+    "  sum := sum + buf[i];\nEND_FOR;\navg := sum / 1000.0;\n",
+    var("VAR_INPUT", "x", "REAL"), var("VAR_OUTPUT", "avg", "REAL"),
+    var("VAR", "buf", "ARRAY[0..999] OF REAL"), var("VAR", "i", "INT"),
+    var("VAR", "k", "INT"), var("VAR", "sum", "REAL"))
+
+
+def test_a_run_stops_at_its_work_budget() -> None:
+    vectors = {"scan_s": 0.1, "steps": [{"t": 0, "set": {"x": 2.0}},
+                                        {"t": 1.0, "expect": {"avg": 0.022}}]}
+    whole = run_vectors(MOVING_AVERAGE, vectors)
+    assert whole["ok"] and whole["error"] is None, whole
+    need = whole["steps"]
+    assert need > 11 * 8000   # 11 scans of 1,000 iterations of 8 steps
+    assert run_vectors(MOVING_AVERAGE, vectors, work_budget=need)["ok"]
+    short = run_vectors(MOVING_AVERAGE, vectors, work_budget=need - 1)
+    assert not short["ok"] and short["steps"] == need - 1
+    assert "work budget of" in short["error"] and "spent" in short["error"]
+
+
+def test_a_heavy_answer_fails_within_the_default_budget() -> None:
+    """The longest vectors a request may send (20,000 scans) against a loop over 1,000
+    samples a scan: the run stops at the default budget, ~1,250 scans in."""
+    vectors = {"scan_s": 0.1, "steps": [{"t": 0, "set": {"x": 1.0}},
+                                        {"t": 1999.9, "expect": {"avg": 1.0}}]}
+    result = run_vectors(MOVING_AVERAGE, vectors)
+    assert not result["ok"] and result["steps"] == DEFAULT_WORK_BUDGET
+    assert f"work budget of {DEFAULT_WORK_BUDGET} steps is spent" in result["error"]
+    assert "line 4, column 1" in result["error"]   # the FOR loop
+
+
+def test_an_endless_loop_past_the_run_budget_says_so() -> None:
+    p = pou("WHILE TRUE DO\nEND_WHILE;", var("VAR", "n", "INT"))
+    with pytest.raises(StExecError, match="more than 100000 loop iterations"):
+        Program(p).scan()
+    with pytest.raises(StExecError, match="work budget of 5000 steps"):
+        Program(p, work_budget=5000).scan()
+
+
+@pytest.mark.parametrize(("vectors", "message"), [
+    ({"scan_s": 0.01, "steps": [{"t": 0}, {"t": 1000.0}]},
+     "is 100001 scans, more than the 20000 a test may run"),
+    ({"scan_s": 0.1, "steps": [{"t": 0, "set": {"a": [0] * 1000}}, {"t": 1500.0}]},
+     "15001 scans copying in the arrays they set take at least 15016001 steps"),
+])
+def test_vectors_no_answer_can_run_are_refused(vectors: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_vectors(vectors)
+    fine = {"scan_s": 0.1, "steps": [{"t": 0, "set": {"a": [0] * 1000}},
+                                     {"t": 10.0, "set": {"a": 1}}, {"t": 1500.0}]}
+    check_vectors(fine)   # the array is held for 100 scans only
 
 
 @pytest.mark.parametrize("vectors", [
