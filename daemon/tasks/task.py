@@ -29,7 +29,7 @@ import jsonschema
 
 from rung.daemon import keyed
 from rung.daemon.tasks import st
-from rung.daemon.tasks.validate import VALIDATORS
+from rung.daemon.tasks.validate import VALIDATORS, schema_message
 from rung.engines.errors import RungError
 from rung.engines.grammar import unenforceable_keywords
 
@@ -68,8 +68,9 @@ def _unique_by(validator: Any, key: str, instance: Any, schema: Any,
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             continue
         if value in first:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
             yield jsonschema.ValidationError(
-                f"{value!r} is already the {key} of item {first[value]}; each item needs "
+                f"{shown} is already the {key} of item {first[value]}; each item needs "
                 f"a {key} of its own", path=(i, key))
         else:
             first[value] = i
@@ -144,11 +145,12 @@ class Task:
 
     def check_input(self, data: Any) -> None:
         """Raises TaskError naming the first violation of the input schema (rung's input
-        keywords included)."""
+        keywords included): its path and the rule, never the value
+        (``validate.schema_message``)."""
         err = jsonschema.exceptions.best_match(self._input_validator.iter_errors(data))
         if err is not None:
             where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
-            raise TaskError(f"task {self.name}: input {where}: {err.message}",
+            raise TaskError(f"task {self.name}: input {where}: {schema_message(err)}",
                             "see the task's input_schema")
         vectors = data.get("vectors") if isinstance(data, Mapping) else None
         if vectors is not None and "st" in self.validators:

@@ -164,3 +164,35 @@ def test_an_input_spelling_control_tokens_gets_none_into_the_prompt(tmp_path: Pa
     ids = TaskRunner.prompt_ids(host, TASKS["st_code"], attack)  # type: ignore[arg-type]
     assert [i for i in ids if tok.is_special(i)] == [0, 3, 1, 4]   # bos user ... eos assistant
     assert tok.decode(ids) == host.render(TASKS["st_code"].messages(attack))
+
+
+# -- a refusal names the path and the rule, never the value --------------------------------
+_HISTORY = [[float(t), 20.0 + t / 100] for t in range(301)]
+
+
+@pytest.mark.parametrize("task,data,message", [
+    ("diagnosis", {"asset": "P3", "points": [{**_point("oil_temp"), "history": _HISTORY}]},
+     "task diagnosis: input points/0/history: 301 samples, at most 300"),
+    ("st_code", {"description": "x" * 2001},
+     "task st_code: input description: 2001 characters, at most 2000"),
+    ("st_code", {"description": ""}, "task st_code: input description: 0 characters, "
+                                     "at least 1"),
+    ("st_code", {"description": "Pump", "constraints": ["c" * 40] * 21},
+     "task st_code: input constraints: 21 items, at most 20"),
+    ("diagnosis", {"asset": "P3", "points": [{"name": "oil_temp", "value": "9" * 5000}]},
+     "task diagnosis: input points/0/value: a string; the schema wants number, boolean or "
+     "null"),
+    ("st_code", {"description": "Pump", "pou_type": "PROGRAMM" * 1000},
+     "task st_code: input pou_type: not one of ['PROGRAM', 'FUNCTION_BLOCK', 'FUNCTION']"),
+    ("st_code", {"description": "Pump", "n" * 3000: 1},
+     "task st_code: input (top level): unknown field 'nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn..."),
+    ("st_code", {"description": "Pump", "name": "1st" + "x" * 4000},
+     "task st_code: input name: does not match the pattern '^[A-Za-z_][A-Za-z0-9_]{0,62}$'"),
+    ("st_code", {"description": "Pump", "vectors": {"scan_s": -1, "steps": [{"t": 0}]}},
+     "task st_code: input vectors/scan_s: not more than 0"),
+])
+def test_a_refusal_never_quotes_the_value(task: str, data: dict[str, Any],
+                                          message: str) -> None:
+    """jsonschema's own messages echo what they refuse (a 301-sample history became a 16 KB
+    log line, its reason cut off): rung's say where and which rule, and how big."""
+    assert _refusal(task, data) == message
