@@ -131,8 +131,11 @@ def _st_prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[
     the name and the variables that the answer may need (a FUNCTION's return type), and
     only what the schema's ``variables`` accept (more than its ``maxItems``, a value no
     literal may write: the setpoints are left out, then the interface)."""
-    interface, setpoints = st_request.declared(data)
     props = schema.get("properties") or {}
+    room = (props.get("variables") or {}).get("maxItems") if isinstance(
+        props.get("variables"), dict) else None
+    interface, setpoints = st_request.declared(
+        data, room if isinstance(room, int) and not isinstance(room, bool) else None)
     keys = list(props)
     if not interface + setpoints or keys[:2] != ["pou_type", "name"] or "variables" not in keys:
         return "", []

@@ -136,16 +136,14 @@ def read(data: Mapping[str, Any]) -> Stated:
     # written, a POU that scales raw counts need not
     text = _SIGNAL.sub(lambda m: f" {m.group(1)} {m.group(2)} ", text)
     text = text.replace("..", " .. ")   # "0.0..16.0": two numbers
-    values: list[Value] = []
+    values: dict[Value, None] = {}   # in order, each once
     for m in _COMPOUND.finditer(text):   # "1 min 30 s": one duration of 90 s
         total = sum(float(n) * _SECONDS[u.lower()] for n, u in _PART.findall(m.group(0)))
-        values.append(Value(_forms(round(total, 3))[0], "s", " ".join(m.group(0).split())))
+        values[Value(_forms(round(total, 3))[0], "s", " ".join(m.group(0).split()))] = None
     text = _COMPOUND.sub(" ", text)
     for number, unit in _STATED.findall(text):
         u = unit if unit and (unit.lower() in _SECONDS or _is_unit(unit)) else None
-        v = Value(number, u)
-        if v not in values:
-            values.append(v)
+        values.setdefault(Value(number, u))
     return Stated(tuple(values), tuple(needs))
 
 
@@ -349,18 +347,27 @@ def _words_near(text: str, at: int, end: int) -> list[str]:
     return _words(text[end:after.start() if after else len(text)])[:2]
 
 
-def setpoints(data: Mapping[str, Any], taken: Iterable[str] = ()) -> list[dict[str, str]]:
+def setpoints(data: Mapping[str, Any], taken: Iterable[str] = (),
+              given: Iterable[float] = (), room: int | None = None) -> list[dict[str, str]]:
     """Each value the request states with a unit, declared as a variable with that value
     (a duration as TIME, a count of things as INT, any other quantity as REAL), named from
     the words the request says it with (``on at 70 %`` → ``rSwitchOn``); ``taken``: names
-    it may not be (the stated interface). Code writes them into the answer, so the POU
-    holds the request's numbers, and the body refers to them by name."""
+    it may not be (the stated interface); ``given``: numbers the interface already holds
+    as initial values (no setpoint for them, durations aside). Code writes them into the
+    answer, so the POU holds the request's numbers, and the body refers to them by name.
+    More of them than ``room`` (what the answer's variables have left): none, before any
+    is named (the answer could not hold them all)."""
+    held = set(given)
+    values = [v for v in read(data).with_units if v.seconds is not None or v.number not in held]
+    if room is not None and len(values) > room:
+        return []
     text = " ".join([str(data.get("description", "")),
                      *(str(c) for c in data.get("constraints") or [])])
     text = _EXAMPLE.sub(" ", text)
     used = {t.upper() for t in [*taken, *RESERVED_NAMES]}
+    counts: dict[str, int] = {}   # a name stem -> the next number to try after it
     out: list[dict[str, str]] = []
-    found = sorted((_position(text, v), i, v) for i, v in enumerate(read(data).with_units))
+    found = sorted((_position(text, v), i, v) for i, v in enumerate(values))
     for (at, end), _, v in found:   # in the order the request states them
         secs = v.seconds
         if secs is not None:
@@ -373,9 +380,10 @@ def setpoints(data: Mapping[str, Any], taken: Iterable[str] = ()) -> list[dict[s
         words = _words_near(text, at, end) if at >= 0 else []
         base = "".join(w[:1].upper() + w[1:].lower() for w in words) or "Setpoint"
         name = (_TYPE_PREFIX[vtype] + base)[:40]
-        stem, n = name, 2
+        stem, n = name, counts.get(name.upper(), 2)
         while name.upper() in used:
             name, n = f"{stem}{n}", n + 1
+        counts[stem.upper()] = n
         used.add(name.upper())
         out.append({"section": "VAR", "name": name, "type": vtype, "initial": initial,
                     "comment": f"stated: {v}"})
@@ -400,16 +408,18 @@ def _position(text: str, v: Value) -> tuple[int, int]:
 Declared = tuple[list[dict[str, str]], list[dict[str, str]]]
 
 
-def declared(data: Mapping[str, Any]) -> Declared:
+def declared(data: Mapping[str, Any], room: int | None = None) -> Declared:
     """What code declares of an st_code answer from the request alone: the stated
     interface and each stated value as a setpoint (``setpoints``), in that order in the
     answer — where the request fixes the POU's type and name and the POU is not a FUNCTION
-    (whose return type the request may not give); else nothing."""
+    (whose return type the request may not give); else nothing. ``room``: the variables
+    the answer may declare (the schema's ``maxItems``): more setpoints than fit beside the
+    interface are none, never named only to be left out."""
     pou_type, name = data.get("pou_type"), data.get("name")
     if not isinstance(pou_type, str) or not isinstance(name, str) or pou_type == "FUNCTION":
         return [], []
     stated = interface(data)
     given = {float(v["initial"]) for v in stated
              if re.fullmatch(r"-?\d+(\.\d+)?", v.get("initial", ""))}
-    return stated, [v for v in setpoints(data, [name, *(v["name"] for v in stated)])
-                    if v["type"] == "TIME" or float(v["initial"]) not in given]
+    left = None if room is None else max(0, room - len(stated))
+    return stated, setpoints(data, [name, *(v["name"] for v in stated)], given, left)

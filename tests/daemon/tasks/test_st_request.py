@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from rung.daemon.tasks import st_request
 from rung.daemon.tasks.st import assigned_names, render_pou
 from rung.daemon.tasks.validate import validate_output
@@ -196,6 +198,39 @@ def test_a_setpoint_name_never_takes_a_name_already_declared() -> None:
             "constraints": ["VAR_INPUT rOpen : REAL"]}
     _, setpoints = st_request.declared(data)
     assert [v["name"] for v in setpoints] == ["rOpen2", "rSetpoint"]   # "and at": no words
+
+
+def test_more_stated_values_than_the_answer_holds_are_never_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request stating 800 values (each with a unit) names no setpoint for an answer
+    of at most 40 variables: the shaper passes the schema's room, and the naming (the
+    words around each value, a free name found for each) never starts; values are read
+    once each (a set, not a list searched per value)."""
+    from rung.daemon.tasks.shaping import shape
+    from rung.daemon.tasks.task import load_tasks
+
+    stated = [f"{i} A" for i in range(1, 801)]
+    many = {"description": "Trip at " + ", ".join(stated[:200]) + ".",
+            "constraints": [", ".join(stated[i:i + 30]) for i in range(200, 800, 30)],
+            "name": "FB_X", "pou_type": "FUNCTION_BLOCK"}
+    st = load_tasks()["st_code"]
+    st.check_input(many)
+    assert len(st_request.read(many).with_units) == 800
+    named: list[int] = []
+    words_near = st_request._words_near
+    monkeypatch.setattr(st_request, "_words_near",
+                        lambda *a: named.append(1) or words_near(*a))
+    assert st_request.declared(many, room=40) == ([], [])
+    assert shape(st.output_schema, st.validators, many).prefix == ""
+    assert named == []
+    # within the room they are named as ever, a stem counted up once for all
+    few = {**many, "description": "Trip at " + ", ".join(stated[:40]) + ".",
+           "constraints": []}
+    _, setpoints = st_request.declared(few, room=40)
+    assert len(named) == 40 and len(setpoints) == 40
+    names = [v["name"] for v in setpoints]
+    assert names == ["rSetpoint", *(f"rSetpoint{i}" for i in range(2, 41))]
+    assert st_request.declared(few, room=39) == ([], [])
 
 
 def test_code_writes_only_declarations_the_schema_accepts() -> None:
