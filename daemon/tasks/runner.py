@@ -58,6 +58,14 @@ class Prepared:
     started: float = field(default_factory=time.monotonic)   # the first try's start
     failed_checks: tuple[str, ...] = ()   # of the tries before this one
     feedback: bool = False    # this try's prompt carries the findings of the one before
+    room: int | None = None   # tokens the engine's context leaves after ``ids`` (None: any)
+
+    @property
+    def token_budget(self) -> int:
+        """The tokens this try may write: its ``max_tokens`` or the context's room, the
+        less."""
+        cap = self.params.max_tokens
+        return cap if self.room is None else min(cap, self.room)
 
 
 RETRY_MODES = ("resample", "feedback")
@@ -110,15 +118,16 @@ class RetryPolicy:
                deadline: float | None = None) -> bool:
         """Whether ``result`` gets another try: it failed its checks, or it ran out of the
         task's own token budget before its JSON closed (a loop another draw may not
-        repeat; a request that asked for fewer tokens would run out again), and tries and
-        time are left: within ``budget_s`` of the first try and before the request's
-        ``deadline`` (wall clock, ``time.time()``; a retry after it would answer a request
-        whose asker stopped waiting)."""
+        repeat; a request that asked for fewer tokens, or whose prompt left the answer
+        less room in the engine's context than that budget, would run out again: the same
+        prompt leaves the same room), and tries and time are left: within ``budget_s`` of
+        the first try and before the request's ``deadline`` (wall clock, ``time.time()``;
+        a retry after it would answer a request whose asker stopped waiting)."""
         if deadline is not None and time.time() >= deadline:
             return False
         code = (result.error or {}).get("code")
         retriable = code == "invalid_output" or (
-            code == "truncated" and prepared.params.max_tokens >= prepared.task.max_tokens)
+            code == "truncated" and prepared.token_budget >= prepared.task.max_tokens)
         return (not result.ok and retriable
                 and prepared.attempt < self.per_task.get(prepared.task.name, self.attempts)
                 and time.monotonic() - prepared.started < self.budget_s)
@@ -183,7 +192,8 @@ class TaskRunner:
         if len(ids) >= max_seq:
             return _fail(name, data, "too_long", f"prompt of {len(ids)} tokens does not fit the "
                          f"engine's context of {max_seq}")
-        return Prepared(task, data, ids, constraint, row_params, prefix, grammar_ms)
+        return Prepared(task, data, ids, constraint, row_params, prefix, grammar_ms,
+                        room=max_seq - len(ids))
 
     def _shaped(self, task: Task, data: Any) -> tuple[Constraint, list[int], str]:
         """The request's constraint (its narrowed schema, compiled once per distinct
@@ -227,6 +237,7 @@ class TaskRunner:
         return replace(prepared, ids=ids + prefix_ids, constraint=constraint,
                        attempt=prepared.attempt + 1, failed_checks=failed.failed_checks,
                        feedback=feedback,
+                       room=self.engine.manifest.dims.max_seq - len(ids) - len(prefix_ids),
                        params=replace(params, seed=seed, temperature=temperature))
 
     def feedback_ids(self, task: Task, data: Any, failed: Answer,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -176,14 +177,44 @@ def test_an_answer_that_ran_out_of_the_tasks_tokens_is_tried_again(runner: TaskR
     draw may not repeat), not when the request itself asked for fewer tokens; an answer
     refused for another reason (bad_request, internal) never is."""
     policy = RetryPolicy(attempts=2)
-    full = _prepared(runner)
+    # room in the context for the task's whole budget (the demo engine's 1,024 positions
+    # hold the prompt and at most 1,024 - its length answer tokens: an engine with more)
+    full = replace(_prepared(runner), room=2048)
     truncated = TaskResult(_req("diagnosis"), False, "truncated", "max_tokens reached")
     assert policy.allows(full, truncated)
-    assert not policy.allows(_prepared(runner, max_tokens=64), truncated)
-    assert not policy.allows(runner.retry(full, policy, truncated), truncated)  # tries spent
+    assert not policy.allows(replace(_prepared(runner, max_tokens=64), room=2048), truncated)
+    assert not policy.allows(replace(runner.retry(full, policy, truncated), room=2048),
+                             truncated)  # tries spent
     for code in ("internal", "bad_request"):
         other = TaskResult(_req("diagnosis"), False, code, "x")
         assert not policy.allows(full, other)
+
+
+def test_an_answer_that_ran_out_of_context_is_not_tried_again(runner: TaskRunner) -> None:
+    """The rule looks at the room the context leaves, not at ``max_tokens``: a fault tree
+    of 60 points whose prompt leaves its answer fewer tokens than the task's budget ran
+    out because the context was full, and the same prompt leaves the same room: no retry
+    (it would run out the same way). With room for the task's budget, the same answer is
+    a loop another draw may not repeat: retried."""
+    policy = RetryPolicy(attempts=3)
+    points = [{"name": f"sensor_{i:02d}", "value": 20.0 + i, "unit": "degC"}
+              for i in range(60)]
+    p = runner.prepare("fault_tree", {"system": "Hydraulic press", "top_event": "No pressure",
+                                      "points": points}, SamplingParams())
+    assert isinstance(p, Prepared) and p.params.max_tokens == p.task.max_tokens
+    max_seq = runner.engine.manifest.dims.max_seq
+    assert p.room == max_seq - len(p.ids) and 0 < p.room < p.task.max_tokens
+    assert p.token_budget == p.room
+    gen = Generation(prompt_tokens=len(p.ids), token_ids=[7] * p.room, text='{"top":"G_',
+                     finish_reason="length", ttft_ms=1.0, decode_tok_s=1.0)
+    truncated = runner.finish(p, gen)
+    assert truncated.code == "truncated"
+    assert not policy.allows(p, truncated)
+    roomy = replace(p, room=p.task.max_tokens)
+    assert roomy.token_budget == p.task.max_tokens and policy.allows(roomy, truncated)
+    # a retry's room is its own prompt's (a feedback prompt is longer)
+    again = runner.retry(roomy, RetryPolicy(mode="feedback"), truncated)
+    assert again.room == max_seq - len(again.ids)
 
 
 def test_a_template_without_a_system_role_keeps_the_whole_transcript() -> None:
