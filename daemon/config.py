@@ -184,7 +184,8 @@ class ModbusConfig:
 class OpcUaServerConfig:
     """rung as an OPC UA server (docs/opcua.md, "rung as an OPC UA server"): off by
     default; security policies, rung's certificate, the client certificates it trusts, and
-    the users file (``name:password`` lines) that makes every session log in."""
+    the users file (``name:password`` lines) that makes every session log in; the size of
+    a call's request, the sessions open and not yet activated, the time to activate one."""
 
     enabled: bool = False
     endpoint: str = "opc.tcp://127.0.0.1:4840/rung/"
@@ -193,6 +194,10 @@ class OpcUaServerConfig:
     private_key: Path | None = None
     trusted_certificates: tuple[Path, ...] = ()
     users_file: Path | None = None
+    max_request_bytes: int = 65536     # a method's request; messages at most this + 64 KiB
+    max_sessions: int = 32             # sessions open at once, activated or not
+    max_pending_sessions: int = 8      # of them created and not activated yet
+    activation_timeout_s: float = 10.0   # a session not activated by then is closed
 
 
 @dataclass(frozen=True)
@@ -510,6 +515,10 @@ def _check_opcua_server(values: dict[str, Any], key: str) -> None:
     if not endpoint.startswith("opc.tcp://"):
         raise keyed.Invalid(f"{key}.endpoint", f"expected opc.tcp://host:port/path, got "
                             f"{keyed.show(endpoint)}")
+    sessions = values.get("max_sessions", OpcUaServerConfig.max_sessions)
+    if values.get("max_pending_sessions", OpcUaServerConfig.max_pending_sessions) > sessions:
+        raise keyed.Invalid(f"{key}.max_pending_sessions", f"at most {key}.max_sessions "
+                            f"({sessions})", "sessions not yet activated are among them")
     secure = [p for p in values.get("security", ()) if p != "None"]
     for name in ("certificate", "private_key"):
         if secure and values.get(name) is None:
@@ -614,7 +623,11 @@ _TOP = {
         "certificate": _path("file", credential=True, nullable=True),
         "private_key": _path("file", credential=True, nullable=True),
         "trusted_certificates": keyed.Key(_paths, "a list of certificate file paths"),
-        "users_file": _path("file", credential=True, nullable=True)},
+        "users_file": _path("file", credential=True, nullable=True),
+        "max_request_bytes": _int(1, 16 * 2**20),
+        "max_sessions": _int(1, 1000),
+        "max_pending_sessions": _int(1, 1000),
+        "activation_timeout_s": _num(0, 600, strict=True, what="ten minutes")},
         check=_check_opcua_server),
 }
 _TOP_DEFAULTS: dict[str, Any] = {"engine": {}, "mqtt": {}, "queue": {}, "metrics": {}, "kv": {},
