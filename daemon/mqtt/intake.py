@@ -280,9 +280,7 @@ class MqttIntake:
         req = m.request
         usage = rq.wire_usage(a)
         if a.ok:
-            payload = rq.ok_response(m.reply, req.task, a.output, a.validation, usage,
-                                     {"attempts": a.attempts,
-                                      **(self._formats(m, a.output) or {})})
+            payload = answer_payload(m.reply, a, m.output_formats, self.cfg.st.edition, usage)
             self.outbox.record(m.seq, m.reply, payload)
             log.info("answered", extra={"rung_fields": {
                 "seq": m.seq, "task": req.task, "ok": True, "id": m.reply.id,
@@ -292,17 +290,26 @@ class MqttIntake:
                                  a.message, req.received, rq.error_extra(a, usage),
                                  req.session)
 
-    def _formats(self, m: MqttRequest, output: Any) -> dict[str, Any] | None:
-        """The extra forms of an answer the request asked for (``output_formats``)."""
-        if "plcopen_xml" not in m.output_formats:
-            return None
+
+def answer_payload(reply: Address, a: Answer, output_formats: tuple[str, ...], edition: int,
+                   usage: dict[str, Any] | None = None) -> bytes:
+    """The answer envelope of every adapter (this intake, the OPC UA server): the ok form
+    with its usage, tries and the extra forms the request asked for (``output_formats``),
+    or the error form with what a failed answer carries (``requests.error_extra``).
+    ``usage``: the answer's wire usage when the caller has it already."""
+    usage = rq.wire_usage(a) if usage is None else usage
+    if not a.ok:
+        return rq.error_response(reply, a.request.task, a.code or "internal", a.message,
+                                 rq.error_extra(a, usage))
+    extra: dict[str, Any] = {"attempts": a.attempts}
+    if "plcopen_xml" in output_formats:
         from rung.daemon.plant.plcopen import to_plcopen_xml
 
         try:
-            xml = to_plcopen_xml(output, self.cfg.st.edition)
+            extra["output_formats"] = {"plcopen_xml": to_plcopen_xml(a.output, edition)}
         except RungError as e:   # the answer stands; the extra form says why it is missing
-            return {"output_formats": {"plcopen_xml": None, "error": e.message}}
-        return {"output_formats": {"plcopen_xml": xml}}
+            extra["output_formats"] = {"plcopen_xml": None, "error": e.message}
+    return rq.ok_response(reply, a.request.task, a.output, a.validation, usage, extra)
 
 
 def _numbered(parsed: MqttRequest | rq.Failure | None,
