@@ -76,15 +76,21 @@ def _fault_tree(schema: Schema, data: Mapping[str, Any]) -> Shape:
 
 
 def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
-    """Type and name as the request fixes them; each variable's name one no variable
+    """Type and name as the request fixes them (or code chooses them: ``_st_prefix``);
+    each variable's name one no variable
     before it took (nor a keyword or type name, nor the POU's: ``st_grammar.names_at``);
     once the declarations are written, the body follows the ST grammar over them
     (``st_grammar``): its syntax and names hold."""
     s = copy.deepcopy(schema)
     props = s["properties"]
+    # the request's type and name; where it leaves them open and code has something to
+    # declare (an interface, a stated value), code's choice (``st_request.pou``)
+    chosen = dict(zip(("pou_type", "name"), st_request.pou(data) or (), strict=False))
     for key in ("pou_type", "name"):
         if isinstance(data.get(key), str):
             props[key] = {"const": data[key]}
+        elif key in chosen and key in props:
+            props[key] = {"const": chosen[key]}
     keys = list(props)
     defs = s.get("$defs") or {}
     variables = props.get("variables")
@@ -124,9 +130,10 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
 
 
 def _st_prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[str, str]]]:
-    """The answer's start when the request fixes the POU's type and name and states its
-    interface or values (``st_request.declared``): type, name, the stated variables and a
-    setpoint per stated value, written by code; the model goes on with more variables or
+    """The answer's start when code knows the POU's type and name (the request's, or code's
+    choice where the request leaves them open: ``st_request.pou``) and the request states
+    an interface or values (``st_request.declared``): type, name, the stated variables and
+    a setpoint per stated value, written by code; the model goes on with more variables or
     closes the list; and the setpoints it holds. Only where the schema puts nothing between
     the name and the variables that the answer may need (a FUNCTION's return type), and
     only what the schema's ``variables`` accept (more than its ``maxItems``, a value no
@@ -136,8 +143,10 @@ def _st_prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[
         props.get("variables"), dict) else None
     interface, setpoints = st_request.declared(
         data, room if isinstance(room, int) and not isinstance(room, bool) else None)
+    chosen = st_request.pou(data)
     keys = list(props)
-    if not interface + setpoints or keys[:2] != ["pou_type", "name"] or "variables" not in keys:
+    if (chosen is None or not interface + setpoints or keys[:2] != ["pou_type", "name"]
+            or "variables" not in keys):
         return "", []
     between = keys[2:keys.index("variables")]
     if any(k in (schema.get("required") or ()) for k in between):
@@ -146,8 +155,7 @@ def _st_prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[
         {**props["variables"], "$defs": schema.get("$defs") or {}}).is_valid
     for declared, held in ((interface + setpoints, setpoints), (interface, [])):
         if declared and accepts(declared):
-            head = compact({"pou_type": data["pou_type"], "name": data["name"],
-                            "variables": declared})
+            head = compact({"pou_type": chosen[0], "name": chosen[1], "variables": declared})
             return head[:-2], held   # open: the list goes on ("]" or ",{"), the object too
     return "", []
 

@@ -405,19 +405,96 @@ def _position(text: str, v: Value) -> tuple[int, int]:
     return (m.start(), m.end()) if m else (-1, -1)
 
 
+# -- the POU's type and name where the request leaves them open --------------------------------
+
+# a description that says which kind of POU it wants (a FUNCTION: the model writes it, code
+# cannot know its return type)
+_KIND_WORDS = ((re.compile(r"\bfunction[ _]blocks?\b|\bFB\b", re.I), "FUNCTION_BLOCK"),
+               (re.compile(r"\bprograms?\b", re.I), "PROGRAM"),
+               (re.compile(r"\bfunctions?\b", re.I), None))
+_NAME_PREFIX = {"FUNCTION_BLOCK": "FB_", "PROGRAM": "P_"}
+# where the description's first clause ends (the part that names what the POU is for)
+_NAME_CLAUSE = re.compile(r"[,;:()]|\.(?:\s|$)|\b(?:when|whenever|if|while|until|unless|"
+                          r"after|before|once|as soon as|with|and|or|but|so that|to|at|above|"
+                          r"below|for|that|which|on|every|each)\b", re.I)
+# a leading imperative the name leaves out ("Open the vent valve" -> VentValve)
+_VERBS = frozenset(re.findall(r"\w+", """open close start stop run switch turn keep hold
+control monitor count detect watch measure regulate limit drive fill drain heat cool raise
+lower set reset trip enable disable activate deactivate operate toggle make write implement
+create build generate provide sequence interlock latch blink flash check signal""".lower()))
+_NAME_FILLER = _FILLER | {"off", "on", "pou", "block", "function", "program", "fb", "st"}
+
+
+def pou_name(data: Mapping[str, Any], pou_type: str = "FUNCTION_BLOCK",
+             taken: Iterable[str] = ()) -> str:
+    """The name code gives a POU the request does not name: ``FB_`` (``P_`` for a
+    PROGRAM) and the words of the description's first clause (up to ``when``, ``if``,
+    ``with``, ``and``, a comma ...) that has any once a leading verb, articles, fillers,
+    the POU's kind ("a function block that"), numbers and units are left out; at most
+    three, each capitalized: "Open the vent valve when the tank pressure exceeds 6.5 bar
+    ..." -> ``FB_VentValve``; ``FB_Control`` where no clause has a word left; never a name
+    in ``taken`` (a number appended)."""
+    words: list[str] = []
+    for clause in _NAME_CLAUSE.split(str(data.get("description", ""))):
+        words = re.findall(r"[A-Za-z][A-Za-z0-9]*", clause or "")
+        if words and _verb(words[0]):
+            words = words[1:]
+        words = [w for w in words if w.lower() not in _NAME_FILLER and not _is_unit(w)
+                 and w.lower() not in _SECONDS][:3]
+        if words:
+            break
+    stem = (_NAME_PREFIX.get(pou_type, "FB_")
+            + ("".join(w[:1].upper() + w[1:] for w in words) or "Control"))[:60]
+    used = {t.upper() for t in taken}
+    name, n = stem, 2
+    while name.upper() in used:
+        name, n = f"{stem}{n}", n + 1
+    return name
+
+
+def _verb(word: str) -> bool:
+    w = word.lower()
+    return w in _VERBS or w.removesuffix("s") in _VERBS or w.removesuffix("es") in _VERBS
+
+
+def pou(data: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The POU's type and name as the answer will have them, where code knows them: the
+    request's; where it leaves one or both open and states an interface or a value with a
+    unit, code's choice, so those are declared too (the type the description names, else a
+    FUNCTION_BLOCK; the name ``pou_name``). None where the model chooses: a FUNCTION
+    (whose return type the request may not give), or nothing for code to declare."""
+    pou_type, name = data.get("pou_type"), data.get("name")
+    if isinstance(pou_type, str) and isinstance(name, str):
+        return None if pou_type == "FUNCTION" else (pou_type, name)
+    stated = interface(data)
+    if not stated and not read(data).with_units:
+        return None
+    if not isinstance(pou_type, str):
+        text = str(data.get("description", ""))
+        pou_type = next((kind for words, kind in _KIND_WORDS if words.search(text)),
+                        "FUNCTION_BLOCK")
+    if pou_type is None or pou_type == "FUNCTION":
+        return None
+    if not isinstance(name, str):
+        name = pou_name(data, pou_type, (v["name"] for v in stated))
+    return pou_type, name
+
+
 Declared = tuple[list[dict[str, str]], list[dict[str, str]]]
 
 
 def declared(data: Mapping[str, Any], room: int | None = None) -> Declared:
     """What code declares of an st_code answer from the request alone: the stated
     interface and each stated value as a setpoint (``setpoints``), in that order in the
-    answer — where the request fixes the POU's type and name and the POU is not a FUNCTION
-    (whose return type the request may not give); else nothing. ``room``: the variables
-    the answer may declare (the schema's ``maxItems``): more setpoints than fit beside the
-    interface are none, never named only to be left out."""
-    pou_type, name = data.get("pou_type"), data.get("name")
-    if not isinstance(pou_type, str) or not isinstance(name, str) or pou_type == "FUNCTION":
+    answer — where code knows the POU's type and name (``pou``: the request's, or code's
+    choice where it leaves them open) and the POU is not a FUNCTION (whose return type the
+    request may not give); else nothing. ``room``: the variables the answer may declare
+    (the schema's ``maxItems``): more setpoints than fit beside the interface are none,
+    never named only to be left out."""
+    fixed = pou(data)
+    if fixed is None:
         return [], []
+    name = fixed[1]
     stated = interface(data)
     given = {float(v["initial"]) for v in stated
              if re.fullmatch(r"-?\d+(\.\d+)?", v.get("initial", ""))}

@@ -4,6 +4,7 @@ called, inputs never assigned, a POU name that is not IEC 61131-3's own."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -185,12 +186,74 @@ def test_code_declares_each_stated_value_as_a_setpoint_named_from_the_request() 
     assert names[:3] == ["rDrainPumpOn", "rOff", "rHighLevelAlarm"]   # the words said with it
     assert names[3].startswith("t") and names[4].startswith("i")
     assert len({n.upper() for n in names} | {"RLEVEL", "BPUMP", "BALARM"}) == 8   # all new
-    # a request that does not fix the POU's name and type, or asks for a FUNCTION: the
-    # model writes the declarations (a FUNCTION's return type comes first)
-    assert st_request.declared(DRAIN) == ([], [])
+    # a request that asks for a FUNCTION: the model writes the declarations (a FUNCTION's
+    # return type comes first); one that names no POU: code names it (below)
     assert st_request.declared({**data, "pou_type": "FUNCTION"}) == ([], [])
+    assert st_request.pou(DRAIN) == ("PROGRAM", "P_DrainPump")
+    assert [v["name"] for v in st_request.declared(DRAIN)[1]] == names[:3]
     assert [st_request.time_literal(s) for s in (0.1, 30, 90, 7200, 61.5)] == [
         "T#100ms", "T#30s", "T#1m30s", "T#2h", "T#1m1s500ms"]
+
+
+VENT = ("Open the vent valve when the tank pressure exceeds 6.5 bar and close it again below "
+        "5.8 bar.")
+
+
+def test_a_description_only_request_gets_its_stated_values_too() -> None:
+    """The most common request shape (a description, no type, no name, no interface): code
+    chooses a FUNCTION_BLOCK named from the description's main noun, writes it and a
+    setpoint per stated value into the answer's start, and the body must read them (held
+    read-only; ``relevance`` wants each used)."""
+    from rung.daemon.tasks.shaping import shape
+    from rung.daemon.tasks.task import load_tasks
+
+    st = load_tasks()["st_code"]
+    data = {"description": VENT}
+    assert st_request.pou(data) == ("FUNCTION_BLOCK", "FB_VentValve")
+    interface, setpoints = st_request.declared(data)
+    assert interface == []
+    assert [(v["type"], v["initial"], v["comment"]) for v in setpoints] == [
+        ("REAL", "6.5", "stated: 6.5 bar"), ("REAL", "5.8", "stated: 5.8 bar")]
+    shaped = shape(st.output_schema, st.validators, data)
+    props = shaped.schema["properties"]
+    assert props["pou_type"] == {"const": "FUNCTION_BLOCK"}
+    assert props["name"] == {"const": "FB_VentValve"}
+    assert shaped.prefix == '{"pou_type":"FUNCTION_BLOCK","name":"FB_VentValve","variables":' + (
+        "[" + ",".join(json.dumps(v, separators=(",", ":")) for v in setpoints))
+    # the body reads them (relevance), never assigns them (the body grammar holds them)
+    high, low = (v["name"] for v in setpoints)
+    variables = [{"section": "VAR_INPUT", "name": "rPressure", "type": "REAL"},
+                 {"section": "VAR_OUTPUT", "name": "bVent", "type": "BOOL"}, *setpoints]
+    reads = (f"IF rPressure > {high} THEN\n  bVent := TRUE;\nELSIF rPressure < {low} THEN\n"
+             "  bVent := FALSE;\nEND_IF;")
+    answer = {"pou_type": "FUNCTION_BLOCK", "name": "FB_VentValve", "variables": variables,
+              "body": reads}
+    assert st_request.values_used(st_request.read(data), answer)["ok"]
+    unread = {**answer, "body": "bVent := rPressure > 7.0;"}
+    assert not st_request.values_used(st_request.read(data), unread)["ok"]
+
+
+@pytest.mark.parametrize("data,chosen", [
+    ({"description": "Pump P1 runs while the level is below 2 m."},
+     ("FUNCTION_BLOCK", "FB_PumpP1Runs")),
+    ({"description": "Write a function block that switches the heater on below 18 degC."},
+     ("FUNCTION_BLOCK", "FB_Heater")),
+    ({"description": "A program that counts 12 parts per box."}, ("PROGRAM", "P_Control")),
+    ({"description": "Start the fan 30 s after the pump.", "pou_type": "PROGRAM"},
+     ("PROGRAM", "P_Fan")),
+    ({"description": "Start the fan 30 s after the pump.", "name": "FB_Fan2"},
+     ("FUNCTION_BLOCK", "FB_Fan2")),
+    ({"description": "Start the fan 30 s after the pump.",
+      "constraints": ["VAR_INPUT FB_Fan : BOOL"]}, ("FUNCTION_BLOCK", "FB_Fan2")),
+    # the model chooses: a FUNCTION (its return type), or nothing for code to declare
+    ({"description": "Write a FUNCTION that scales 4..20 mA to 0..10 bar."}, None),
+    ({"description": "Start the fan 30 s after the pump.", "pou_type": "FUNCTION"}, None),
+    ({"description": "Motor start/stop with interlock."}, None),
+])
+def test_code_chooses_the_pou_a_request_leaves_open(data: dict[str, Any],
+                                                    chosen: tuple[str, str] | None) -> None:
+    assert st_request.pou(data) == chosen
+    assert bool(st_request.declared(data)[1]) == (chosen is not None)
 
 
 def test_a_setpoint_name_never_takes_a_name_already_declared() -> None:
