@@ -14,12 +14,18 @@ Address space (namespace ``urn:rung:{client_id}:api``, index 2)::
 
 ``request`` is the task's input object as JSON, or the whole request form of an MQTT
 request (``{"input": {...}, "max_tokens": ..., "session": ...}``, docs/mqtt.md); ``answer``
-is the MQTT answer form (``{"ok": true, "output": ..., "validation": ...}`` or ``{"ok":
-false, "error": {"code", "message"}}``). A call is parsed by the MQTT adapter's own
-``requests.parse`` (the payload size cap, the field and input checks) and answered through
-the same scheduler (its bounded queue: ``busy``; ``queue.request_timeout_s``: ``expired``);
-the method returns when the answer is there, so the client's call timeout must allow a
-generation.
+is the MQTT answer, built by the one answer envelope of every adapter
+(``mqtt.intake.answer_payload``: ``output_formats`` too). A call is parsed by the MQTT
+adapter's own ``requests.parse`` (the field and input checks) under the server's own size
+cap (``opcua_server.max_request_bytes``: ``too_large``) and answered through the same
+scheduler (its bounded queue: ``busy``; ``queue.request_timeout_s``: ``expired``); the
+method returns when the answer is there, so the client's call timeout must allow a
+generation. A ``request`` that is not a String is answered ``bad_request`` naming the type
+it was; no argument, or more than one, is the status BadArgumentsMissing /
+BadTooManyArguments. Every call's answer is one ``answered`` log line (``rung.serve``, as
+MQTT's, with ``via: opcua``), and what MQTT counts in ``rung_requests_total`` beside the
+scheduler's answers is counted here too (refused at the edge, ``busy``, ``duplicate``,
+``unavailable``).
 
 Calls are journaled as MQTT requests are (``daemon/mqtt/journal.py``): recorded before they
 run (topic ``opcua:{base}/req/{task}``, the canonical JSON payload), the start counted, the
@@ -33,6 +39,7 @@ their answers kept for the caller's next call.
 Security: the policies listed (None, Basic256Sha256 Sign / SignAndEncrypt) with rung's
 certificate and key; client certificates are trusted only when listed
 (``trusted_certificates``); with a ``users_file`` every session needs one of its users.
+What reaches the server at all (channels, sessions, message sizes) is ``guard.Guard``'s.
 """
 
 from __future__ import annotations
@@ -48,14 +55,14 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncua import ua
 from asyncua.crypto.permission_rules import User, UserRole
-from asyncua.server.server import Server
 
 from rung.daemon.config import OpcUaServerConfig
 from rung.daemon.mqtt import requests as rq
+from rung.daemon.mqtt.intake import answer_payload
 from rung.daemon.mqtt.journal import (
     OPCUA_PREFIX,
     Entry,
@@ -64,19 +71,24 @@ from rung.daemon.mqtt.journal import (
     JournalError,
     dedupe_key,
 )
+from rung.daemon.opcua.guard import Guard, GuardedServer, policy_types
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer
 from rung.engines.errors import RungError
 
+if TYPE_CHECKING:
+    from rung.daemon.metrics import Metrics
+
 __all__ = ["METHODS", "RungServer", "read_users"]
 
 log = logging.getLogger("rung.opcua")
+answers = logging.getLogger("rung.serve")   # the ``answered`` lines, as MQTT's
 logging.getLogger("asyncua").setLevel(logging.CRITICAL)   # rung says what matters itself
 METHODS = {"GenerateST": "st_code", "BuildFaultTree": "fault_tree", "Diagnose": "diagnosis"}
-_POLICIES = {"None": ua.SecurityPolicyType.NoSecurity,
-             "Basic256Sha256_Sign": ua.SecurityPolicyType.Basic256Sha256_Sign,
-             "Basic256Sha256_SignAndEncrypt":
-                 ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt}
+# the canonical form of a request (an id added, the input wrapped) may be this much longer
+# than the text the client sent, which alone is held to opcua_server.max_request_bytes
+_CANONICAL_ROOM = 1024
+_NOWHERE = rq.Address("", None, None)   # the reply address of a call refused unparsed
 # (request, recovered, on_start: told when the model is about to start on it)
 Submit = Callable[[Request, bool, Callable[[Request], object]],
                   "asyncio.Future[Answer] | None"]
@@ -125,20 +137,28 @@ class RungServer:
     """rung's OPC UA server; ``run`` serves until cancelled.
 
     ``status()`` gives the status nodes' values (``ready``, ``queue_depth``, ``inflight``,
-    ``engine``, ``tasks``); ``base_topic``/``client_id`` name requests as MQTT would."""
+    ``engine``, ``tasks``); ``base_topic``/``client_id`` name requests as MQTT would.
+    ``metrics``: where the calls refused before the scheduler are counted (the scheduler's
+    answers are counted by its own callback); ``st_edition``: ``st.edition``, for
+    ``output_formats``. ``max_payload_bytes`` is not used (the limit is
+    ``cfg.max_request_bytes``); it stays for the callers that still pass one."""
 
     def __init__(self, cfg: OpcUaServerConfig, tasks: Mapping[str, Any], submit: Submit,
                  status: Callable[[], dict[str, Any]], base_topic: str, client_id: str,
-                 max_payload_bytes: int, timeout_s: float, journal: Journal | None = None,
-                 max_attempts: int = 3) -> None:
+                 max_payload_bytes: int | None = None, timeout_s: float = 300.0,
+                 journal: Journal | None = None, max_attempts: int = 3, *,
+                 metrics: Metrics | None = None, st_edition: int = 3) -> None:
         self.cfg, self.tasks, self.submit, self.status = cfg, tasks, submit, status
         self.base, self.client_id = base_topic, client_id
-        self.max_payload, self.timeout_s = max_payload_bytes, timeout_s
+        self.max_payload = cfg.max_request_bytes + _CANONICAL_ROOM   # for requests.parse
+        self.timeout_s = timeout_s
         self.journal, self.max_attempts = journal, max_attempts
+        self.metrics, self.st_edition = metrics, st_edition
         self._inflight: dict[str, asyncio.Task[str]] = {}   # journaled calls, by key
         self._open: dict[int, int] = {}   # request uid -> journal row, with the scheduler
         self.users = read_users(cfg.users_file) if cfg.users_file is not None else {}
-        self.server: Server | None = None
+        self.server: GuardedServer | None = None
+        self.guard: Guard | None = None
         self._status_nodes: dict[str, tuple[Any, ua.VariantType]] = {}
         self._calls = itertools.count(1)
         self.started = asyncio.Event()
@@ -159,14 +179,24 @@ class RungServer:
             self.server = None
             await server.stop()
 
-    async def _build(self) -> Server:
+    async def _build(self) -> GuardedServer:
+        from asyncua.crypto import uacrypto
+
         c = self.cfg
-        server = Server(user_manager=Users(self.users) if self.users else None)
+        trusted = frozenset([uacrypto.der_from_x509(await uacrypto.load_certificate(str(p)))
+                             for p in c.trusted_certificates])
+        self.guard = Guard(c, trusted)
+        server = GuardedServer(self.guard,
+                               user_manager=Users(self.users) if self.users else None)
         await server.init()
         server.set_endpoint(c.endpoint)
         server.set_server_name("rung")
         await server.set_application_uri(f"urn:rung:{self.client_id}")
-        server.set_security_policy([_POLICIES[p] for p in c.security])
+        server.set_security_policy(policy_types(c))
+        if self.users and "None" in c.security \
+                and "Basic256Sha256_SignAndEncrypt" not in c.security:
+            log.warning("opcua server: passwords cross the wire in clear on a None channel "
+                        "(opcua_server.security offers no SignAndEncrypt to encrypt them)")
         if c.certificate is not None and c.private_key is not None:
             await server.load_certificate(str(c.certificate))
             await server.load_private_key(str(c.private_key))
@@ -178,7 +208,7 @@ class RungServer:
         rung = await server.nodes.objects.add_object(f"ns={idx};s=rung", f"{idx}:rung")
         for method, task in METHODS.items():
             await rung.add_method(
-                f"ns={idx};s=rung.{method}", f"{idx}:{method}", self._method(task),
+                f"ns={idx};s=rung.{method}", f"{idx}:{method}", self._method(method, task),
                 [_argument("request", f"the {task} input as JSON, or an MQTT request form")],
                 [_argument("answer", "the answer as JSON (docs/mqtt.md, answers)")])
         status = await rung.add_object(f"ns={idx};s=rung.Status", f"{idx}:Status")
@@ -194,14 +224,12 @@ class RungServer:
         return server
 
     async def _trusted(self, cert: Any, app: Any) -> None:
-        """Accept a client certificate only when it is one of ``trusted_certificates``."""
+        """Accept a CreateSession's client certificate only when it is one of
+        ``trusted_certificates`` (the channel's was checked by the guard)."""
         from asyncua.crypto import uacrypto
-        from cryptography.hazmat.primitives.serialization import Encoding
 
-        der = uacrypto.der_from_x509(cert)
-        for path in self.cfg.trusted_certificates:
-            if (await uacrypto.load_certificate(str(path))).public_bytes(Encoding.DER) == der:
-                return
+        if self.guard is not None and uacrypto.der_from_x509(cert) in self.guard.trusted:
+            return
         log.warning("opcua server: refused a client certificate (%s): not in "
                     "opcua_server.trusted_certificates", cert.subject.rfc4514_string())
         raise ua.uaerrors.BadCertificateUntrusted
@@ -214,40 +242,64 @@ class RungServer:
         for name, (node, vtype) in self._status_nodes.items():
             await node.write_value(ua.Variant(values[name], vtype))
 
-    def _method(self, task: str) -> Callable[..., Any]:
-        async def call(parent: ua.NodeId, request: ua.Variant) -> list[ua.Variant]:
-            answer = await self.answer(task, request.Value)
+    def _method(self, method: str, task: str) -> Callable[..., Any]:
+        async def call(parent: ua.NodeId, *args: ua.Variant) -> list[ua.Variant] | ua.StatusCode:
+            if len(args) != 1:
+                return self._arguments(method, task, len(args))
+            answer = await self.answer(task, args[0])
             return [ua.Variant(answer, ua.VariantType.String)]
         return call
 
-    async def answer(self, task: str, text: Any) -> str:
-        """One method call: the request text parsed as an MQTT request of ``task`` would
-        be; with the journal, recorded (under its ``id``, one assigned when it has none)
-        before it runs and its answer kept, so that a call repeated with the same id gets
-        that answer (or waits for the run in progress) instead of a second run; the answer
-        in MQTT's answer form."""
-        seq = next(self._calls)
-        payload = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else b""
-        if len(payload) <= self.max_payload:
-            try:
-                doc = json.loads(payload)
-            except (ValueError, RecursionError):
-                doc = None
-            if isinstance(doc, dict):
-                if "input" not in doc:   # the input object alone
-                    doc = {"input": doc}
-                if self.journal is not None and doc.get("id") is None:
-                    doc["id"] = f"opcua-{uuid.uuid4().hex}"
-                # canonical: the same request (input, id, fields) is the same payload
-                payload = json.dumps(doc, ensure_ascii=False, sort_keys=True,
-                                     separators=(",", ":")).encode("utf-8", "surrogatepass")
-        now = time.time()
+    def _arguments(self, method: str, task: str, n: int) -> ua.StatusCode:
+        """A call with no argument or more than one: a status, no answer (logged and
+        counted ``bad_request`` as a refused call)."""
+        code = ua.StatusCodes.BadArgumentsMissing if n == 0 \
+            else ua.StatusCodes.BadTooManyArguments
+        status = ua.StatusCode(code)
+        message = (f"{method} takes one argument, request (a String: the request as JSON), "
+                   f"got {n} ({status.name})")
+        self._said(next(self._calls), task, rq.error_response(
+            _NOWHERE, task, "bad_request", message).decode(), time.time(), count="bad_request")
+        return status
+
+    async def answer(self, task: str, request: Any) -> str:
+        """One method call (``request``: its argument, a Variant, or the text itself): the
+        request text parsed as an MQTT request of ``task`` would be; with the journal,
+        recorded (under its ``id``, one assigned when it has none) before it runs and its
+        answer kept, so that a call repeated with the same id gets that answer (or waits
+        for the run in progress) instead of a second run; the answer in MQTT's answer
+        form."""
+        seq, now = next(self._calls), time.time()
+        text, problem = _request_text(request)
+        if problem is not None:
+            return self._said(seq, task, rq.error_response(
+                _NOWHERE, task, "bad_request", problem).decode(), now, count="bad_request")
+        payload = text.encode("utf-8", "surrogatepass")
+        limit = self.cfg.max_request_bytes
+        if len(payload) > limit:
+            return self._said(seq, task, rq.error_response(
+                _NOWHERE, task, "too_large", f"request of {len(payload)} bytes exceeds the "
+                f"limit of {limit} (opcua_server.max_request_bytes)").decode(), now,
+                count="too_large")
+        try:   # the request form, canonical
+            doc = json.loads(payload)
+        except (ValueError, RecursionError):
+            doc = None
+        if isinstance(doc, dict):
+            if "input" not in doc:   # the input object alone
+                doc = {"input": doc}
+            if self.journal is not None and doc.get("id") is None:
+                doc["id"] = f"opcua-{uuid.uuid4().hex}"
+            # canonical: the same request (input, id, fields) is the same payload
+            payload = json.dumps(doc, ensure_ascii=False, sort_keys=True,
+                                 separators=(",", ":")).encode("utf-8", "surrogatepass")
         topic = f"{self.base}/req/{task}"
         parsed = rq.parse(Entry(seq, topic, payload, None, None, now, None), self.base,
                           self.client_id, self.tasks, self.max_payload, self.timeout_s)
         if isinstance(parsed, rq.Failure):   # refused at the edge: nothing to record
-            return rq.error_response(parsed.reply, task, parsed.code,
-                                     parsed.message).decode()
+            return self._said(seq, task, rq.error_response(
+                parsed.reply, task, parsed.code, parsed.message).decode(), now,
+                count=parsed.code)
         if self.journal is None:
             return await self._run(parsed, seq)
         msg = self._incoming(OPCUA_PREFIX + topic, payload)
@@ -282,6 +334,7 @@ class RungServer:
             entry = await journal.record_soon(msg, now) if journal.attached \
                 else journal.record(msg, now)
         except JournalError as e:
+            self._count(parsed.request.task, "unavailable", now)
             return rq.error_response(parsed.reply, parsed.request.task, "unavailable",
                                      f"request not accepted: {e.message}; retry later"
                                      ).decode()
@@ -291,9 +344,11 @@ class RungServer:
         if row is not None and row.response is not None:
             log.info("opcua call answered from the journal", extra={"rung_fields": {
                 "seq": row.seq, "id": parsed.reply.id, "task": parsed.request.task}})
+            self._count(parsed.request.task, "duplicate", now)
             return bytes(row.response).decode("utf-8", "replace")
         if row is not None:   # pending, not running here (its answer could not be kept)
             return await self._recovered(row)
+        self._count(parsed.request.task, "unavailable", now)
         return rq.error_response(parsed.reply, parsed.request.task, "unavailable",
                                  "request not accepted (the journal changed meanwhile); "
                                  "retry later").decode()
@@ -318,7 +373,9 @@ class RungServer:
                           self.client_id, self.tasks, self.max_payload, self.timeout_s)
         task = e.topic.rpartition("/")[2]
         if isinstance(parsed, rq.Failure):
-            text = rq.error_response(parsed.reply, task, parsed.code, parsed.message).decode()
+            text = self._said(e.seq, task, rq.error_response(
+                parsed.reply, task, parsed.code, parsed.message).decode(), e.received,
+                count=parsed.code)
             await self._settle(e.seq, text)
             return text
         if e.attempts >= self.max_attempts:
@@ -326,7 +383,11 @@ class RungServer:
                    f"was in flight (journal.max_attempts = {self.max_attempts}); it is not "
                    "run again")
             log.error("opcua call %d %s", e.seq, why)
-            text = rq.error_response(parsed.reply, task, "internal", why).decode()
+            if self.metrics is not None:
+                self.metrics.quarantined.inc()
+            text = self._said(e.seq, task, rq.error_response(
+                parsed.reply, task, "internal", why).decode(), e.received,
+                parsed.request.session, count="internal")
             await self._settle(e.seq, text, note=why)
             return text
         return await self._run(parsed, e.seq, recovered=True)
@@ -374,7 +435,9 @@ class RungServer:
         req = replace(parsed.request, ref=f"opcua call {seq}")
         future = self.submit(req, recovered, self.call_started)
         if future is None:   # not kept: the same id may be sent again, and then runs
-            text = rq.error_response(parsed.reply, task, "busy", "queue full").decode()
+            text = self._said(seq, task, rq.error_response(
+                parsed.reply, task, "busy", "queue full; retry later").decode(),
+                req.received, req.session, count="busy")
             await self._settle(seq, text, "busy", keep=False)
             return text
         self._open[req.uid] = seq
@@ -382,15 +445,58 @@ class RungServer:
             a = await future
         finally:
             self._open.pop(req.uid, None)
-        usage = rq.wire_usage(a)   # the answer in the MQTT payload's form, field for field
-        if a.ok:
-            text = rq.ok_response(parsed.reply, task, a.output, a.validation, usage,
-                                  {"attempts": a.attempts}).decode()
-        else:
-            text = rq.error_response(parsed.reply, task, a.code or "internal",
-                                     a.message or "", rq.error_extra(a, usage)).decode()
+        # the one envelope of every adapter (counted by the scheduler's callback)
+        text = self._said(seq, task, answer_payload(parsed.reply, a, parsed.output_formats,
+                                                    self.st_edition).decode(),
+                          req.received, req.session)
         await self._settle(seq, text)
         return text
+
+    # -- the trace -------------------------------------------------------------------------
+
+    def _said(self, seq: int, task: str, text: str, received: float,
+              session: str | None = None, count: str | None = None) -> str:
+        """An answer's ``answered`` line (the fields of MQTT's) and, with ``count``, its
+        outcome in ``rung_requests_total`` (``None``: the scheduler's callback counts it).
+        Returns ``text``."""
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = {}
+        fields: dict[str, Any] = {"seq": seq, "task": task, "ok": bool(doc.get("ok"))}
+        if fields["ok"]:
+            fields.update(id=doc.get("id"), session=session, **(doc.get("usage") or {}))
+        else:
+            error = doc.get("error") or {}
+            fields.update(code=error.get("code"), error=error.get("message"),
+                          id=doc.get("id"), session=session,
+                          ms=round((time.time() - received) * 1000, 1))
+        fields["via"] = "opcua"
+        answers.info("answered", extra={"rung_fields": fields})
+        if count is not None:
+            self._count(task, count, received)
+        return text
+
+    def _count(self, task: str, outcome: str, received: float) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_request(task if task in self.tasks else None, outcome,
+                                         total_s=time.time() - received)
+
+
+def _request_text(request: Any) -> tuple[str, str | None]:
+    """A call's argument as text, or why it is not one (the type that was expected and
+    the one it was)."""
+    if isinstance(request, ua.Variant):
+        kind = request.VariantType.name
+        if request.is_array:
+            return "", f"request: expected a String (the request as JSON), got an array of {kind}"
+        if request.VariantType != ua.VariantType.String:
+            return "", f"request: expected a String (the request as JSON), got {kind}"
+        request = request.Value
+    if not isinstance(request, str):
+        return "", ("request: expected a String (the request as JSON), got "
+                    f"{'a null String' if request is None else type(request).__name__}")
+    return request, None
 
 
 def _argument(name: str, text: str) -> ua.Argument:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +19,7 @@ from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
 
 from rung.daemon.config import OpcUaServerConfig, parse_config
 from rung.daemon.demo.localbroker import free_port
+from rung.daemon.metrics import Metrics
 from rung.daemon.opcua.server import RungServer
 from rung.daemon.scheduler import Scheduler
 from rung.daemon.tasks.runner import TaskRunner
@@ -43,14 +45,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pair]:
 
 @asynccontextmanager
 async def serving(runner: TaskRunner, cfg: OpcUaServerConfig,  # noqa: F811
-                  max_payload: int = 65536) -> AsyncIterator[RungServer]:
+                  metrics: Metrics | None = None) -> AsyncIterator[RungServer]:
     scheduler = Scheduler(runner, lambda a: None, 4)
     scheduler.start()
     server = RungServer(cfg, runner.tasks, scheduler.submit,
                         lambda: {"ready": True, "queue_depth": scheduler.depth,
                                  "inflight": scheduler.inflight, "engine": "edge-test",
                                  "tasks": list(runner.tasks)},
-                        "t/rung", "rung-test", max_payload, 120.0)
+                        "t/rung", "rung-test", timeout_s=120.0, metrics=metrics)
     task = asyncio.get_running_loop().create_task(server.run())
     try:
         await asyncio.wait_for(server.started.wait(), 30)
@@ -76,10 +78,11 @@ def run(scenario: Callable[[], Awaitable[None]], seconds: float = 120) -> None:
 
 
 def test_methods_and_status_without_security(runner: TaskRunner) -> None:  # noqa: F811
-    cfg = OpcUaServerConfig(enabled=True, endpoint=f"opc.tcp://127.0.0.1:{free_port()}/rung/")
+    cfg = OpcUaServerConfig(enabled=True, endpoint=f"opc.tcp://127.0.0.1:{free_port()}/rung/",
+                            max_request_bytes=4096)
 
     async def scenario() -> None:
-        async with serving(runner, cfg, max_payload=4096):
+        async with serving(runner, cfg):
             client = Client(cfg.endpoint, timeout=120, watchdog_intervall=600)   # a call
             # holds its session until the answer: no keep-alive probe meanwhile
             async with client:
@@ -114,7 +117,7 @@ def test_methods_and_status_without_security(runner: TaskRunner) -> None:  # noq
                 big = await _call(client, "GenerateST", json.dumps(
                     {"description": "x" * 5000}))
                 assert big["error"]["code"] == "too_large"
-                assert "mqtt.max_payload_bytes" in big["error"]["message"]
+                assert "opcua_server.max_request_bytes" in big["error"]["message"]
     run(scenario, 600)
 
 
@@ -169,6 +172,9 @@ def test_config_keys_are_checked(tmp_path: Path, pki: dict[str, Pair]) -> None:
                             tmp_path).opcua_server
 
     assert load().enabled is False and load().security == ("None",)
+    assert (load().max_request_bytes, load().max_sessions, load().max_pending_sessions,
+            load().activation_timeout_s) == (65536, 32, 8, 10.0)
+    assert load(max_request_bytes=4096).max_request_bytes == 4096
     cfg = load(enabled=True, security=["Basic256Sha256_Sign"], certificate=str(pki["rung"].cert),
                private_key=str(pki["rung"].key), trusted_certificates=[str(pki["scada"].cert)])
     assert cfg.trusted_certificates == (pki["scada"].cert,)
@@ -178,8 +184,15 @@ def test_config_keys_are_checked(tmp_path: Path, pki: dict[str, Pair]) -> None:
             ({"security": ["Basic256Sha256_Sign"]},
              "opcua_server.certificate: required with opcua_server.security"),
             ({"users_file": "missing"}, "opcua_server.users_file: "),
-            ({"enabeld": True}, "opcua_server.enabeld: unknown key")]:
-        with pytest.raises(RungError, match=message.replace(".", r"\.")):
+            ({"enabeld": True}, "opcua_server.enabeld: unknown key"),
+            ({"max_request_bytes": 0}, "opcua_server.max_request_bytes: expected an integer"),
+            ({"max_request_bytes": "64k"}, "opcua_server.max_request_bytes: expected"),
+            ({"max_sessions": 0}, "opcua_server.max_sessions: expected an integer 1..1000"),
+            ({"max_pending_sessions": 9, "max_sessions": 8},
+             "opcua_server.max_pending_sessions: at most opcua_server.max_sessions (8)"),
+            ({"activation_timeout_s": 0}, "opcua_server.activation_timeout_s: expected a "
+                                          "number > 0")]:
+        with pytest.raises(RungError, match=re.escape(message)):
             load(**server)
     (tmp_path / "users").write_text("nobody\n")
     from rung.daemon.opcua.server import read_users
