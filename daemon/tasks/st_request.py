@@ -26,7 +26,9 @@ from typing import Any
 from rung.daemon.tasks.st import RESERVED_NAMES
 
 # a number in a request, with the unit that follows it, if any ("8.5 bar", "30 s", "70 %")
-_STATED = re.compile(r"(?<![\w.#])(\d+(?:\.\d+)?)\s*(%|°C|[a-zA-Zµ]+\d*(?:/[a-zA-Z]+)?)?")
+# a number in a plant tag (P-101, TT-204A, XV-12) names equipment, not a value
+_STATED = re.compile(r"(?<![\w.#])(?<![A-Za-z]-)(\d+(?:\.\d+)?)\s*"
+                     r"(%|°C|[a-zA-Zµ]+\d*(?:/[a-zA-Z]+)?)?")
 _SECONDS = {"ms": 0.001, "msec": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
             "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
             "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
