@@ -188,8 +188,9 @@ class Service:
 
         c = self.cfg
         return RungServer(c.opcua_server, self.runner.tasks, self.scheduler.submit, status,
-                          c.mqtt.base_topic, c.mqtt.client_id, c.mqtt.max_payload_bytes,
-                          c.queue.request_timeout_s, self.journal, c.journal.max_attempts)
+                          c.mqtt.base_topic, c.mqtt.client_id, c.queue.request_timeout_s,
+                          self.journal, c.journal.max_attempts, metrics=self.metrics,
+                          st_edition=c.st.edition)
 
     def _observe(self, a: Answer) -> None:
         """Every answer the scheduler gives (MQTT and PLC requests alike), in the metrics."""

@@ -10,7 +10,9 @@ stated values in the same order (``st_request.read``), the same setpoints (names
 values: ``st_request.setpoints``), the same declared interface where the request fixes it
 (``st_request.declared``), the input valid against
 the task's input schema and the sample's answer still passing every validator of the task;
-otherwise the sample is returned as it was. The answers are never changed.
+otherwise the sample is returned as it was. An answer changes only as rung would serve it
+for the reworded request (``corpus_st_setpoints.in_served_form``: where the request no
+longer names the POU, code's type and name and the setpoints first).
 
 Fault-tree and diagnosis requests get their free text reworded the same way (a fault tree's
 ``top_event`` stays as written: its answer quotes it).
@@ -27,8 +29,9 @@ from typing import Any
 from rung.daemon.tasks import st_request
 from rung.daemon.tasks.task import Task, TaskError, load_tasks
 from rung.daemon.tasks.validate import validate_output
+from rung.tools.corpus_st_setpoints import in_served_form
 
-VERSION = "reading-1"
+VERSION = "reading-2"
 
 # share of st_code samples asked as a description only (no type, name or interface): the
 # common case in a plant
@@ -177,7 +180,14 @@ def reword(sample: dict[str, Any], rng: random.Random, tries: int = 3) -> dict[s
         return sample
     for _ in range(tries):
         data = fn(copy.deepcopy(sample["input"]), rng)
-        if data != sample["input"] and same_request(sample["task"], sample["input"], data,
-                                                    sample["output"]):
-            return {**sample, "input": data, "reworded": True}
+        output = served(sample["task"], data, sample["output"])
+        if data != sample["input"] and output is not None and same_request(
+                sample["task"], sample["input"], data, output):
+            return {**sample, "input": data, "output": output, "reworded": True}
     return sample
+
+
+def served(task: str, data: Mapping[str, Any], output: Any) -> Any:
+    """The answer as rung serves it for the reworded request: an ST request that leaves
+    the type and name open gets code's (``st_request.pou``) and the setpoints first."""
+    return in_served_form(data, output) if task == "st_code" else output

@@ -68,6 +68,9 @@ def in_served_form(data: Mapping[str, Any], output: Mapping[str, Any]
     interface, then the setpoints, then the POU's own) and its body reading the setpoints;
     None where the POU does not hold a stated value in a form that can be renamed."""
     interface, setpoints = st_request.declared(data)
+    chosen = st_request.pou(data)   # code's type and name where the request leaves them
+    if chosen is not None:
+        output = {**output, "pou_type": chosen[0], "name": chosen[1]}
     if not setpoints:
         return dict(output)
     body = str(output["body"])

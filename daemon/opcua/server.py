@@ -140,12 +140,11 @@ class RungServer:
     ``engine``, ``tasks``); ``base_topic``/``client_id`` name requests as MQTT would.
     ``metrics``: where the calls refused before the scheduler are counted (the scheduler's
     answers are counted by its own callback); ``st_edition``: ``st.edition``, for
-    ``output_formats``. ``max_payload_bytes`` is not used (the limit is
-    ``cfg.max_request_bytes``); it stays for the callers that still pass one."""
+    ``output_formats``; the input limit is ``cfg.max_request_bytes``."""
 
     def __init__(self, cfg: OpcUaServerConfig, tasks: Mapping[str, Any], submit: Submit,
                  status: Callable[[], dict[str, Any]], base_topic: str, client_id: str,
-                 max_payload_bytes: int | None = None, timeout_s: float = 300.0,
+                 timeout_s: float = 300.0,
                  journal: Journal | None = None, max_attempts: int = 3, *,
                  metrics: Metrics | None = None, st_edition: int = 3) -> None:
         self.cfg, self.tasks, self.submit, self.status = cfg, tasks, submit, status

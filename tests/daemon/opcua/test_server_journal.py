@@ -41,7 +41,7 @@ def _config() -> OpcUaServerConfig:
 async def serving(cfg: OpcUaServerConfig, journal: Journal, submit: Submit,
                   tasks: Any) -> AsyncIterator[RungServer]:
     server = RungServer(cfg, tasks, submit, lambda: {"ready": True}, "t/rung", "rung-test",
-                        65536, 120.0, journal, max_attempts=3)
+                        120.0, journal, max_attempts=3)
     task = asyncio.get_running_loop().create_task(server.run())
     try:
         await asyncio.wait_for(server.started.wait(), 30)
