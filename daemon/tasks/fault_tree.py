@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, Final
 
@@ -44,8 +46,14 @@ __all__ = [
     "MAX_BDD_NODES",
     "MAX_CUT_SETS",
     "MAX_CUT_SET_ORDER",
+    "MAX_REQUIRED",
+    "MIN_COMPONENTS",
+    "Component",
     "analyze_fault_tree",
+    "check_components",
     "point_reading",
+    "required_components",
+    "system_components",
 ]
 
 DEFAULT_MISSION_TIME_H: Final = 8760.0
@@ -700,3 +708,189 @@ def _bounded_prime_implicants(
         return cubes, False, f"{what} of more than {max_order} events exist and are not listed"
     return None, False, (f"more than {max_sets} {what} (or intermediate sets) even of one "
                          "event: none listed")
+
+
+# --------------------------------------------------------------------------------------------
+# The system's components: what the basic events are drawn from (docs/tasks.md, "Fault
+# trees for a named system")
+
+MIN_COMPONENTS: Final = 2
+"""A system that names fewer components is not checked (``Screw compressor K1``)."""
+MAX_REQUIRED: Final = 4
+"""The most components a tree must name, however many the system lists."""
+
+# a list item is cut at the first of these: what follows places or qualifies the component
+# (``check valve on the discharge``, ``flow meter per valve``, ``safety valve set at 11.5``)
+_CUT = re.compile(
+    r"\b(?:of|on|in|at|for|per|from|to|through|into|by|via|between|under|over|upstream|"
+    r"downstream|inside|near|behind|before|after|above|below|across|along|around|within|"
+    r"set\s+(?:at|to))\b", re.I)
+_SPLIT = re.compile(r"[,;&]|\b(?:and|with|plus)\b", re.I)
+_WORD = re.compile(r"[^\W_]+")
+# determiners and quantities a component is written with (``two feed pumps``)
+_QUANTITY: Final = frozenset((
+    "a", "an", "the", "its", "their", "his", "her", "them", "both", "each", "every", "all",
+    "any", "some", "several", "multiple", "single", "one", "two", "three", "four", "five",
+    "six", "seven", "eight", "nine", "ten", "eleven", "twelve"))
+_IRREGULAR: Final = {"axes": "axis"}
+
+
+def _singular(word: str) -> str:
+    """The word lower-cased, a simple plural made singular (``pumps``, ``batteries``,
+    ``switches``, ``axes``); both sides of a match go through it, so a wrong singular
+    (``lens`` -> ``len``) still matches itself."""
+    w = word.lower()
+    if w in _IRREGULAR:
+        return _IRREGULAR[w]
+    if len(w) > 4 and w.endswith("ies"):
+        return w[:-3] + "y"
+    if w.endswith("sses"):
+        return w[:-2]
+    if len(w) > 4 and w.endswith(("ches", "shes", "xes", "zes")):
+        return w[:-2]
+    if len(w) > 3 and w.endswith("s") and not w.endswith(("ss", "us", "is", "as", "os")):
+        return w[:-1]
+    return w
+
+
+@dataclass(frozen=True)
+class Component:
+    """A component the system names: as written (``two feed pumps`` -> ``feed pumps``), its
+    head noun and other words, singular and lower-case (``pump``; ``feed``)."""
+
+    name: str
+    head: str
+    modifiers: frozenset[str]
+
+
+def _component(item: str) -> Component | None:
+    cut = _CUT.search(item)
+    kept: list[str] = []                       # the item's words as written
+    after_number = False
+    for chunk in (item[:cut.start()] if cut else item).split():
+        if any(c.isdigit() for c in chunk):    # a quantity, a rating, a tag (P-101, m3)
+            after_number = True
+            continue
+        word = chunk.strip(".,;:!?\"'`")
+        short_unit = after_number and len(word) <= 3   # 24 V, 75 kW, 20 t
+        after_number = False
+        if short_unit or len(word) < 2 or word.lower() in _QUANTITY \
+                or not _WORD.search(word):
+            continue
+        kept.append(word)
+    while len(kept) > 1 and kept[-1].lower().endswith("ed") \
+            and not kept[-1].lower().endswith("eed"):
+        kept.pop()                             # injector fed (by ...), hot water set heated
+    if not kept:
+        return None
+    # the head noun: the last word of the last chunk not written as a tag (PLC, VFD)
+    plain = [i for i, w in enumerate(kept) if not (w.isupper() and len(w) > 1)]
+    at = plain[-1] if plain else len(kept) - 1
+    words = [_singular(w) for i, chunk in enumerate(kept) for w in _WORD.findall(chunk)
+             if i != at]
+    *rest, head = (_singular(w) for w in _WORD.findall(kept[at]))
+    return Component(" ".join(kept), head, frozenset([*words, *rest]))
+
+
+def system_components(system: str) -> list[Component]:
+    """The components a request's ``system`` names, in order, each once.
+
+    The list is what follows the first colon (``Cooling circuit: pump, plate heat
+    exchanger, ...``), else the first ``with`` (``Steam boiler B1 with two feed pumps, level
+    transmitter and ...``), else the whole text when it joins a list with ``and`` (``a
+    centrifugal pump, suction strainer, motor, contactor and check valve``); a text with
+    none of these names no components (``Hydraulic power unit of press 1, line 3``: a
+    designation and a place, not a list). Items are split on commas, semicolons, ``and``,
+    ``with``, ``plus``; a parenthesis holding a comma is a list of its own (``power unit
+    (motor, gear pump, relief valve)``), another is left out (``(duty/standby)``). Each
+    item is cut at its first preposition (``on the discharge``, ``per valve``), quantities,
+    ratings and tags dropped (``two``, ``24 V``, ``PSL-301``); its head noun is its last
+    word.
+    """
+    text = system.strip()
+    colon = re.search(r":(?:\s|$)", text)
+    if colon:
+        listed = text[colon.end():]
+    else:
+        with_ = re.search(r"\bwith\b", text, re.I)
+        if with_:
+            listed = text[with_.end():]
+        elif re.search(r"\band\b|&", text, re.I):
+            listed = text
+        else:
+            return []
+    listed = re.sub(r"\(([^()]*)\)",
+                    lambda m: f", {m.group(1)}," if "," in m.group(1) else " ", listed)
+    listed = re.sub(r"[()]", " ", listed)
+    out: list[Component] = []
+    seen: set[tuple[str, frozenset[str]]] = set()
+    for item in _SPLIT.split(listed):
+        c = _component(item)
+        if c is not None and (c.head, c.modifiers) not in seen:
+            seen.add((c.head, c.modifiers))
+            out.append(c)
+    return out
+
+
+def _names(words: frozenset[str], c: Component, shared: frozenset[str]) -> bool:
+    """Whether a text of ``words`` names ``c``: its head noun, and where another component
+    has the same head (``inlet valve``, ``minimum pressure valve``) one of its other words."""
+    if c.head not in words:
+        return False
+    return c.head not in shared or not c.modifiers or bool(c.modifiers & words)
+
+
+def required_components(n: int) -> int:
+    """How many of a system's ``n`` components the basic events must name together: half,
+    rounded up, at least 2 and at most ``MAX_REQUIRED``."""
+    return min(n, MAX_REQUIRED, max(MIN_COMPONENTS, math.ceil(n / 2)))
+
+
+def check_components(tree: Mapping[str, Any], system: str) -> dict[str, Any]:
+    """The ``components`` section: the basic events together name at least
+    :func:`required_components` of the components ``system`` names (none checked when it
+    names fewer than ``MIN_COMPONENTS``). A description names a component by its head noun
+    (case-insensitive, singular or plural), also by one of its other words where two
+    components share the head. Every event counts; an INHIBIT condition or a NOT gate's
+    input (a state, not a failure) is never listed among the events to rename."""
+    components = system_components(system)
+    section: dict[str, Any] = {"ok": True, "errors": [],
+                               "components": [c.name for c in components]}
+    if len(components) < MIN_COMPONENTS:
+        section["note"] = (f"the system names {len(components)} component"
+                           f"{'' if len(components) == 1 else 's'}: not checked")
+        return section
+    heads = Counter(c.head for c in components)
+    shared = frozenset(h for h, k in heads.items() if k > 1)
+    states: set[str] = set()
+    gates = tree.get("gates")
+    for g in gates if isinstance(gates, list) else []:
+        if isinstance(g, Mapping):
+            if g.get("type") == "INHIBIT" and isinstance(g.get("condition"), str):
+                states.add(g["condition"])
+            if g.get("type") == "NOT" and isinstance(g.get("inputs"), list):
+                states.update(x for x in g["inputs"] if isinstance(x, str))
+    named: set[int] = set()
+    unnamed: list[str] = []
+    events = tree.get("basic_events")
+    for e in events if isinstance(events, list) else []:
+        if not isinstance(e, Mapping):
+            continue
+        words = frozenset(_singular(w) for w in _WORD.findall(str(e.get("description", ""))))
+        hits = {i for i, c in enumerate(components) if _names(words, c, shared)}
+        named |= hits
+        if not hits and isinstance(e.get("id"), str) and e["id"] not in states:
+            unnamed.append(e["id"])
+    need = required_components(len(components))
+    section.update(required=need, named=[c.name for i, c in enumerate(components) if i in named],
+                   unnamed_events=unnamed)
+    if len(named) < need:
+        listed = ", ".join(c.name for c in components)
+        said = ", ".join(c.name for i, c in enumerate(components) if i in named) or "none"
+        ids = ", ".join(unnamed[:12]) + (", ..." if len(unnamed) > 12 else "")
+        section["ok"] = False
+        section["errors"] = [{"path": "basic_events", "message": (
+            f"the basic events name {len(named)} of the {len(components)} components the "
+            f"system lists ({said}); name at least {need} of them in the events' "
+            f"descriptions: {listed}" + (f"; events that name none: {ids}" if ids else ""))}]
+    return section

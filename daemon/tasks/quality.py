@@ -4,10 +4,11 @@
   ST answer's POU parses and declares every name it uses. Valid answers can still be wrong.
 - **right** is what a plant engineer would accept, as far as checks can tell: every gating
   check passed (the stated values used, the building blocks the behaviour needs, no input
-  assigned; gates under the top event, evidence quoting the real value; evidence from
-  abnormal points only, priority from the worst state, no remaining life from one
-  snapshot), and an ST answer that comes with test vectors *behaves* right when executed
-  (the ``behaviour`` section: ``st_exec.run_vectors`` on a simulated clock).
+  assigned; gates under the top event, evidence quoting the real value, basic events
+  naming the components the system lists; evidence from abnormal points only, priority
+  from the worst state, no remaining life from one snapshot), and an ST answer that comes
+  with test vectors *behaves* right when executed (the ``behaviour`` section:
+  ``st_exec.run_vectors`` on a simulated clock).
 
 ``judge`` gives one answer's verdict and the reason it is not right; ``Tally`` counts them
 per task (the eval and ``rung demo`` print it).

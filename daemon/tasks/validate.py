@@ -7,6 +7,7 @@ validators. Each contributes named sections to one ``validation`` object, every 
     identifiers  identifiers used in the body are declared        (validator "st")
     pou_text     the rendered POU (a string, not a section)       (validator "st")
     fault_tree   references, acyclicity, cut sets, probability    (validator "fault_tree")
+    components   the basic events name the system's components    (validator "fault_tree")
     diagnosis    states, evidence, priority, prognosis, names     (validator "diagnosis")
                  against what code knows of the request
 """
@@ -168,15 +169,18 @@ def _behaviour(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, 
 
 def _fault_tree(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Section]:
     """The tree's checks and analysis; evidence names a point of the request and quotes its
-    reading; no basic event is named like a gate (``G_``)."""
-    from rung.daemon.tasks.fault_tree import GATE_PREFIX, analyze_fault_tree
+    reading; no basic event is named like a gate (``G_``); the basic events name the
+    components the request's ``system`` lists (``fault_tree.check_components``)."""
+    from rung.daemon.tasks.fault_tree import GATE_PREFIX, analyze_fault_tree, check_components
 
     points = data.get("points")
     known = [p["name"] for p in points] if isinstance(points, list) else None
     by_name = ({p["name"]: p for p in reversed(points) if isinstance(p, dict)}
                if isinstance(points, list) else None)
+    system = data.get("system")
     return {"fault_tree": analyze_fault_tree(output, known_points=known, points=by_name,
-                                             gate_prefix=GATE_PREFIX)}
+                                             gate_prefix=GATE_PREFIX),
+            "components": check_components(output, system if isinstance(system, str) else "")}
 
 
 def expected_state(value: Any, limits: Mapping[str, Any]) -> str | None:
