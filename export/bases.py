@@ -127,6 +127,20 @@ def resolve(model: str | Path) -> Path:
     return gguf_path(text) if text in BASES and not Path(text).exists() else Path(model)
 
 
+# adapters shipped with rung (models/NAME, in the wheel): ``--adapter NAME``
+SHIPPED_ADAPTERS = ("smollm2-plant",)
+
+
+def resolve_adapter(adapter: str | Path) -> Path:
+    """An ``--adapter`` argument: a shipped adapter's name (``smollm2-plant``) or a path."""
+    text = str(adapter)
+    if text in SHIPPED_ADAPTERS and not Path(text).exists():
+        from importlib import resources
+
+        return Path(str(resources.files("rung.models") / text))
+    return Path(adapter)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     for name in args or list(BASES):

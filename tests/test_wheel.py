@@ -36,7 +36,9 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path: Path) -> N
     for data in ("rung/configs/rung.yaml", "rung/configs/tasks/st_code.yaml",
                  "rung/configs/plcs/press1.yaml", "rung/configs/grafana/rung.json",
                  "rung/configs/prometheus/rung-alerts.yml",
-                 "rung/models/edge-tiny/model.safetensors", "rung/daemon/demo/plcsim.py"):
+                 "rung/models/edge-tiny/model.safetensors", "rung/daemon/demo/plcsim.py",
+                 "rung/models/smollm2-plant/adapter_model.safetensors",
+                 "rung/models/smollm2-plant/adapter_config.json"):
         assert data in names, data
     # no command needs the corpus generators, the training or the eval (docs/architecture.md)
     assert not [n for n in names if n.startswith("rung/tools/")]
