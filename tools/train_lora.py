@@ -29,7 +29,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ import torch
 
 from rung.daemon.tasks.task import load_tasks
 from rung.engines.tokenizer import Tokenizer, read_tokenizer_spec
-from rung.tools.train import batches
+from rung.tools.train import batches, collate
 
 # every linear layer of a Llama-style decoder block
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -64,7 +64,6 @@ class LoraTrainConfig:
     corpus: str = ""                  # the corpus version trained on (set by the caller)
     targets: tuple[str, ...] = TARGETS
     tasks: tuple[str, ...] = ("st_code", "fault_tree", "st_code", "diagnosis")
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 Encoded = tuple[list[int], int]   # token ids, index where the answer starts
@@ -111,20 +110,6 @@ class _Renderer:
         self.tokenizer = tok
 
 
-def collate(data: list[Encoded], idx: list[int],
-            pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    n = max(len(data[i][0]) for i in idx)
-    ids = torch.full((len(idx), n), pad, dtype=torch.long)
-    answer = torch.zeros((len(idx), n), dtype=torch.bool)
-    mask = torch.zeros((len(idx), n), dtype=torch.long)
-    for row, i in enumerate(idx):
-        toks, start = data[i]
-        ids[row, :len(toks)] = torch.tensor(toks)
-        answer[row, start:len(toks)] = True
-        mask[row, :len(toks)] = 1
-    return ids, answer, mask
-
-
 def load_model(base_dir: Path, cfg: LoraTrainConfig) -> Any:
     """The base in bfloat16 (frozen) with a float32 LoRA adapter on ``cfg.targets``."""
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -167,22 +152,18 @@ def answer_loss(model: Any, ids: torch.Tensor, answer: torch.Tensor,
 
 
 def machine() -> dict[str, Any]:
-    flags: list[str] = []
-    name = platform.processor()
+    """The CPU (name, the vector and matrix extensions training uses), threads, torch."""
+    info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not name:
-                name = line.split(":", 1)[1].strip()
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = sorted({f for f in line.split(":", 1)[1].split()
-                                if f.startswith(("avx512", "amx", "avx2"))})
-                break
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return {"cpu": name, "flags": flags, "threads": torch.get_num_threads(),
-            "torch": torch.__version__}
+    flags = sorted({f for f in info.get("flags", "").split()
+                    if f.startswith(("avx512", "amx", "avx2"))})
+    return {"cpu": info.get("model name") or platform.processor(), "flags": flags,
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def train(cfg: LoraTrainConfig, base_dir: Path, samples: Sequence[dict[str, Any]], out: Path,

@@ -38,6 +38,16 @@ def _adapter(model: Any, out: Path, rank: int = 4, **extra: Any) -> Any:
     return peft_model
 
 
+def _engine_logits(engine_dir: Path) -> tuple[Any, list[int], np.ndarray]:
+    """The engine, the prompt's ids and its logits at every prompt position."""
+    engine = load_engine(engine_dir)
+    ids = Tokenizer.load(engine_dir, engine.manifest.tokenizer).encode(PROMPT)
+    every = np.arange(len(ids), dtype=np.int64)[None]
+    logits = engine.forward(engine.new_cache(1), np.array([ids]), np.array([len(ids)]),
+                            every)[0]
+    return engine, ids, logits
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("hf-llama")
@@ -51,11 +61,7 @@ def test_merged_export_equals_the_merged_pytorch_model(base: Path, tmp_path: Pat
     merged = peft_model.merge_and_unload().eval()
     m = export(base, tmp_path / "engine", ExportOptions(kv="fp32", max_seq=128,
                                                         adapter=tmp_path / "adapter"))
-    engine = load_engine(tmp_path / "engine")
-    tok = Tokenizer.load(tmp_path / "engine", engine.manifest.tokenizer)
-    ids = tok.encode(PROMPT)
-    every = np.arange(len(ids), dtype=np.int64)[None]
-    mine = engine.forward(engine.new_cache(1), np.array([ids]), np.array([len(ids)]), every)[0]
+    engine, ids, mine = _engine_logits(tmp_path / "engine")
     with torch.no_grad():
         ref = merged(torch.tensor([ids])).logits[0].numpy()
         plain = build_hf_model("llama")(torch.tensor([ids])).logits[0].numpy()
@@ -137,11 +143,7 @@ def test_an_adapter_merges_into_a_gguf_base(tmp_path: Path) -> None:
     merged = _adapter(model, tmp_path / "adapter").merge_and_unload().eval()
     export(gguf, tmp_path / "engine", ExportOptions(weights="fp32", kv="fp32", max_seq=64,
                                                     adapter=tmp_path / "adapter"))
-    engine = load_engine(tmp_path / "engine")
-    tok = Tokenizer.load(tmp_path / "engine", engine.manifest.tokenizer)
-    ids = tok.encode(PROMPT)
-    every = np.arange(len(ids), dtype=np.int64)[None]
-    mine = engine.forward(engine.new_cache(1), np.array([ids]), np.array([len(ids)]), every)[0]
+    engine, ids, mine = _engine_logits(tmp_path / "engine")
     with torch.no_grad():
         ref = merged(torch.tensor([ids])).logits[0].numpy()
     np.testing.assert_allclose(mine, ref, atol=2e-4 * max(1.0, np.abs(ref).max()), rtol=0)
