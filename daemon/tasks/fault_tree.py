@@ -51,8 +51,10 @@ __all__ = [
     "Component",
     "analyze_fault_tree",
     "check_components",
+    "named_components",
     "point_reading",
     "required_components",
+    "state_events",
     "system_components",
 ]
 
@@ -846,6 +848,27 @@ def required_components(n: int) -> int:
     return min(n, MAX_REQUIRED, max(MIN_COMPONENTS, math.ceil(n / 2)))
 
 
+def named_components(description: str, components: list[Component]) -> set[int]:
+    """The indices of ``components`` a basic event's ``description`` names (``_names``)."""
+    heads = Counter(c.head for c in components)
+    shared = frozenset(h for h, k in heads.items() if k > 1)
+    words = frozenset(_singular(w) for w in _WORD.findall(description))
+    return {i for i, c in enumerate(components) if _names(words, c, shared)}
+
+
+def state_events(tree: Mapping[str, Any]) -> set[str]:
+    """The ids that stand for a state, not a failure: INHIBIT conditions, NOT gates' inputs."""
+    states: set[str] = set()
+    gates = tree.get("gates")
+    for g in gates if isinstance(gates, list) else []:
+        if isinstance(g, Mapping):
+            if g.get("type") == "INHIBIT" and isinstance(g.get("condition"), str):
+                states.add(g["condition"])
+            if g.get("type") == "NOT" and isinstance(g.get("inputs"), list):
+                states.update(x for x in g["inputs"] if isinstance(x, str))
+    return states
+
+
 def check_components(tree: Mapping[str, Any], system: str) -> dict[str, Any]:
     """The ``components`` section: the basic events together name at least
     :func:`required_components` of the components ``system`` names (none checked when it
@@ -860,24 +883,14 @@ def check_components(tree: Mapping[str, Any], system: str) -> dict[str, Any]:
         section["note"] = (f"the system names {len(components)} component"
                            f"{'' if len(components) == 1 else 's'}: not checked")
         return section
-    heads = Counter(c.head for c in components)
-    shared = frozenset(h for h, k in heads.items() if k > 1)
-    states: set[str] = set()
-    gates = tree.get("gates")
-    for g in gates if isinstance(gates, list) else []:
-        if isinstance(g, Mapping):
-            if g.get("type") == "INHIBIT" and isinstance(g.get("condition"), str):
-                states.add(g["condition"])
-            if g.get("type") == "NOT" and isinstance(g.get("inputs"), list):
-                states.update(x for x in g["inputs"] if isinstance(x, str))
+    states = state_events(tree)
     named: set[int] = set()
     unnamed: list[str] = []
     events = tree.get("basic_events")
     for e in events if isinstance(events, list) else []:
         if not isinstance(e, Mapping):
             continue
-        words = frozenset(_singular(w) for w in _WORD.findall(str(e.get("description", ""))))
-        hits = {i for i, c in enumerate(components) if _names(words, c, shared)}
+        hits = named_components(str(e.get("description", "")), components)
         named |= hits
         if not hits and isinstance(e.get("id"), str) and e["id"] not in states:
             unnamed.append(e["id"])

@@ -20,6 +20,11 @@ grammar as soon as the text decides something:
 - the basic events are exactly the ids the gates name and no gate defines, in the order
   named (``declare_referenced``), so no reference dangles; each has exactly one of
   ``probability`` and ``failure_rate``;
+- where the request's ``system`` lists components (``fault_tree.system_components``),
+  while the events written so far name fewer of them than the ``components`` check needs,
+  the next event that is not a state (an INHIBIT condition, a NOT input) starts its
+  description with one none of them names yet (``naming_pattern``); decided from the
+  events written whole, before the next one's description starts;
 - an evidence that cites a point with a reading starts its observation with that reading
   as the prompt shows it (``42.5 A``; the grammar writes it, the model may add
   ``, <note>``), so it cannot quote another value.
@@ -37,7 +42,16 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rung.daemon.tasks.fault_tree import GATE_PREFIX, point_reading
+from rung.daemon.tasks.fault_tree import (
+    GATE_PREFIX,
+    MIN_COMPONENTS,
+    Component,
+    named_components,
+    point_reading,
+    required_components,
+    state_events,
+    system_components,
+)
 
 Schema = dict[str, Any]
 
@@ -74,7 +88,9 @@ def fault_tree_shape(schema: Schema, data: Mapping[str, Any]) -> tuple[Schema, R
     gates = props["gates"]
     s.setdefault("$defs", {})["gate"] = {"anyOf": gate_kinds(gates["items"])}
     gates["items"] = GATE_REF
-    return s, _Stages(s)
+    system = data.get("system")
+    components = system_components(system) if isinstance(system, str) else []
+    return s, _Stages(s, components if len(components) >= MIN_COMPONENTS else [])
 
 
 def gate_kinds(gate: Schema) -> list[Schema]:
@@ -131,8 +147,7 @@ def _evidence(evidence: Schema, data: Mapping[str, Any]) -> Schema:
 
 def observation_pattern(reading: str) -> str:
     """An observation that starts with ``reading``: it alone, or ``, `` and a note."""
-    literal = "".join("\\" + c if c in _REGEX_SPECIAL else c for c in reading)
-    return f"^{literal}(, .*)?$"
+    return f"^{_literal(reading)}(, .*)?$"
 
 
 class _Stages:
@@ -140,8 +155,10 @@ class _Stages:
     follows, or None (nothing new). Each stage's schema is built once and then returned as
     the same object, which the runner recognizes as the stage it is in."""
 
-    def __init__(self, schema: Schema) -> None:
+    def __init__(self, schema: Schema, components: list[Component]) -> None:
         self.schema = schema
+        self.components = components
+        self.need = required_components(len(components)) if components else 0
         self.built: dict[tuple[Any, ...], Schema | None] = {}
 
     def __call__(self, text: str) -> Schema | None:
@@ -206,10 +223,59 @@ class _Stages:
         if head is None:
             return None
         needed = referenced(head)
-        key = ("events", *needed)
+        names = self._to_name(head, needed, text)
+        key = ("events", *needed, names)
         if key not in self.built:
-            self.built[key] = declare_referenced(self.schema, needed)
+            self.built[key] = declare_referenced(self.schema, needed, names)
         return self.built[key]
+
+    def _to_name(self, head: Mapping[str, Any], needed: list[str],
+                 text: str) -> tuple[int, tuple[str, ...]] | None:
+        """While the events written so far name fewer of the system's components than the
+        check needs: the next event (unless it stands for a state) and the components its
+        description may start with, those none of them names yet."""
+        if not self.need:
+            return None
+        written = _events_written(text)
+        named: set[int] = set()
+        for e in written:
+            named |= named_components(str(e.get("description", "")), self.components)
+        k = len(written)
+        if len(named) >= self.need or k >= len(needed) or needed[k] in state_events(head):
+            return None
+        return k, tuple(c.name for i, c in enumerate(self.components) if i not in named)
+
+
+def _events_written(text: str) -> list[dict[str, Any]]:
+    """The basic events the text has written whole (past ``EVENTS_MARK``)."""
+    decoder = json.JSONDecoder()
+    i = text.find(EVENTS_MARK) + len(EVENTS_MARK)
+    written: list[dict[str, Any]] = []
+    while i < len(text):
+        if text[i] in ", ":
+            i += 1
+            continue
+        try:
+            event, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        if not isinstance(event, dict):
+            break
+        written.append(event)
+    return written
+
+
+def naming_pattern(names: tuple[str, ...]) -> str:
+    """A description that starts with one of ``names`` (its first letter either case)."""
+    def one(name: str) -> str:
+        first, rest = name[0], _literal(name[1:])
+        head = f"[{first.upper()}{first.lower()}]" if first.isalpha() else _literal(first)
+        return head + rest
+    return f"^(?:{'|'.join(one(n) for n in names)})([ ,;:.'/-].*)?$"
+
+
+def _literal(text: str) -> str:
+    return "".join("\\" + c if c in _REGEX_SPECIAL else c for c in text)
 
 
 def _gates_written(text: str, at: int) -> tuple[list[tuple[str, list[str]]], bool]:
@@ -267,10 +333,12 @@ def referenced(head: Mapping[str, Any]) -> list[str]:
     return [r for r in dict.fromkeys(named) if isinstance(r, str) and r not in declared]
 
 
-def declare_referenced(schema: Schema, needed: list[str]) -> Schema | None:
+def declare_referenced(schema: Schema, needed: list[str],
+                       names: tuple[int, tuple[str, ...]] | None = None) -> Schema | None:
     """The basic events exactly ``needed``, in that order, so no reference can dangle.
     (Under this shape they are never gate ids: the gates close only when every gate
-    reference is written.)"""
+    reference is written.) ``names``: an event's index and the components its description
+    starts with (``naming_pattern``)."""
     if not needed:
         return None
     s = copy.deepcopy(schema)
@@ -278,6 +346,10 @@ def declare_referenced(schema: Schema, needed: list[str]) -> Schema | None:
     item = events.pop("items")
     events["prefixItems"] = [
         {**item, "properties": {**item["properties"], "id": {"const": r}}} for r in needed]
+    if names is not None:
+        k, components = names
+        props = events["prefixItems"][k]["properties"]
+        props["description"] = {**props["description"], "pattern": naming_pattern(components)}
     events["items"] = False
     events["minItems"] = events["maxItems"] = len(needed)
     return s
