@@ -136,7 +136,7 @@ def _plcs(cfg: Config) -> str:
     Read; nothing written)."""
     from rung.daemon.modbus.link import Link
     from rung.daemon.modbus.regmap import PlcMap
-    from rung.daemon.plc.maps import load_plc_map
+    from rung.daemon.plcmaps import load_plc_map
 
     if not cfg.plcs:
         return "none configured"
@@ -186,7 +186,7 @@ def _plc_owner(cfg: Config) -> str | None:
     another online node fails (this node would refuse it). None outside a fleet or without
     PLCs."""
     from rung.daemon.mqtt.fleet_view import plc_owners, read_statuses
-    from rung.daemon.plc.maps import load_plc_map
+    from rung.daemon.plcmaps import load_plc_map
 
     if not cfg.mqtt.shared_group or not cfg.plcs:
         return None

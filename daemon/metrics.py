@@ -298,7 +298,7 @@ class Metrics:
 PLC_OPS = ("link", "handshake read", "heartbeat write", "ack write", "answer write",
            "done write", "clear write", "snapshot read")
 PLC_LINK_STATES = ("connected", "degraded", "disconnected", "error")
-PLC_ERRS = range(7)   # the err register's codes (daemon/modbus/job.py)
+PLC_ERRS = range(7)   # the err register's codes (daemon/plc/job.py)
 
 
 class PlcMetrics:

@@ -27,7 +27,7 @@ from rung.daemon.mqtt.journal import Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.outbox import Outbox
 from rung.daemon.plc.handshake import HandshakeAgent
-from rung.daemon.plc.maps import load_plc_map
+from rung.daemon.plcmaps import load_plc_map
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.sdnotify import Notifier, watchdog_interval, watchdog_loop
 from rung.daemon.supervise import Fatal, Supervisor

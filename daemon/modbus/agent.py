@@ -23,15 +23,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rung.daemon.metrics import Metrics
-from rung.daemon.modbus.job import ERR_CODES, Submit
 from rung.daemon.modbus.link import Link
-from rung.daemon.modbus.link_state import Publish
 from rung.daemon.modbus.regmap import PlcMap
 from rung.daemon.plc.handshake import HandshakeAgent, Plant, Trends
+from rung.daemon.plc.job import Submit, err_codes
+from rung.daemon.plc.link_state import Publish
 from rung.daemon.plc.transport import OnState, Values
 
 __all__ = ["ERR_CODES", "Plant", "PlcAgent", "Publish", "RegisterTransport", "Submit",
            "Trends"]
+
+
+VIA = "Modbus"
+ERR_CODES = err_codes(VIA)   # what the err register's values mean (docs/modbus.md)
 
 
 class RegisterTransport:
@@ -99,4 +103,4 @@ class PlcAgent(HandshakeAgent):
         self.link = link
         super().__init__(plc, RegisterTransport(plc, link), submit, publish, base_topic,
                          timeout_s, reconnect_min_s, reconnect_max_s, metrics=metrics,
-                         state_dir=state_dir, plant=plant, via="Modbus")
+                         state_dir=state_dir, plant=plant, via=VIA)

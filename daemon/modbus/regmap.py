@@ -12,16 +12,30 @@ Every load error is a :class:`RegisterMapError` whose message reads
 from __future__ import annotations
 
 import math
-import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from rung.daemon import keyed
+from rung.daemon.plc.points import (
+    FAULT_TREE_KEY,
+    HANDSHAKE_VALUES,
+    HISTORY_KEY,
+    ID_PATTERN,
+    LIMIT_KEYS,
+    MAX_POINTS,
+    NAME_PATTERN,
+    PLC_WRITES,
+    History,
+    Paced,
+    check_distinct,
+    check_watchdog,
+    handshake_keys,
+    point_limits,
+)
 from rung.engines.errors import RungError
 
 
@@ -85,14 +99,6 @@ _WIRE_POSITION: dict[str, tuple[int, int, int, int]] = {
 }
 WORD_ORDERS: tuple[str, ...] = tuple(_WIRE_POSITION)
 
-# The diagnosis task's input schema takes these limits, in engineering units, and the state
-# bands only make sense in this order: low_alarm <= low_alert <= alert <= alarm.
-LIMIT_KEYS = ("low_alarm", "low_alert", "alert", "alarm")
-MAX_POINTS = 100  # the diagnosis task takes at most 100 points
-ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")  # the id becomes an MQTT topic level
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-
 @dataclass(frozen=True)
 class Point:
     """One value in the PLC: where it lives and how raw words become engineering units.
@@ -148,14 +154,10 @@ class RtuTransport:
     kind: str = "rtu"
 
 
-_HANDSHAKE_REGISTERS = ("req", "req_seq", "ack_seq", "busy", "done", "err", "result",
-                        "heartbeat")
-_PLC_OWNED = ("req", "req_seq")
-
-
 @dataclass(frozen=True)
-class Handshake:
-    """The handshake's holding registers (0-based addresses).
+class Handshake(Paced):
+    """The handshake block (``daemon/plc/points.py``) in holding registers (0-based
+    addresses).
 
     ``req`` and ``req_seq`` are written by the PLC; ``ack_seq`` .. ``heartbeat`` by rung.
     ``watchdog_s`` is how long the PLC program lets ``heartbeat`` stand still before it
@@ -175,15 +177,6 @@ class Handshake:
     watchdog_s: float = 5.0
 
     @property
-    def retry_max_s(self) -> float:
-        """The longest rung waits between two attempts of anything the heartbeat depends on
-        (reconnecting, the handshake read, the heartbeat write), and of its other handshake
-        writes: ``(watchdog_s - heartbeat_s) / 2``. A fault that clears within this long
-        never trips the PLC's watchdog; after a longer one the heartbeat moves again within
-        this long (plus ``timeout_s`` when the PLC is silent rather than refusing)."""
-        return max(self.poll_s, (self.watchdog_s - self.heartbeat_s) / 2)
-
-    @property
     def owned(self) -> tuple[int, ...]:
         """The registers rung writes: ack_seq, busy, done, err, result, heartbeat."""
         return (self.ack_seq, self.busy, self.done, self.err, self.result, self.heartbeat)
@@ -191,7 +184,7 @@ class Handshake:
     @property
     def registers(self) -> dict[str, int]:
         """All eight registers by handshake name."""
-        return {name: getattr(self, name) for name in _HANDSHAKE_REGISTERS}
+        return {name: getattr(self, name) for name in HANDSHAKE_VALUES}
 
     def read_span(self) -> tuple[int, int]:
         """``(start, count)`` of the one holding-register read that covers all eight.
@@ -216,21 +209,6 @@ class ReadBlock:
     address: int
     count: int
     points: tuple[Point, ...]
-
-
-# the diagnosis task takes at most 300 samples of a point's history: the kept snapshots and
-# the request's own
-HISTORY_MAX = 299
-
-
-@dataclass(frozen=True)
-class History:
-    """The snapshots rung keeps of a PLC for its points' trends: the last ``keep``, one
-    read every ``every_s`` seconds besides each request's own; a diagnosis gets them as
-    each numeric point's ``history`` (its prognosis, docs/tasks.md)."""
-
-    keep: int
-    every_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -468,39 +446,18 @@ def _transport(v: Any, key: str) -> TcpTransport | RtuTransport:
 
 
 def _handshake(values: dict[str, Any], key: str) -> Handshake:
-    seen: dict[int, str] = {}
-    for name in _HANDSHAKE_REGISTERS:
-        address = values[name]
-        if address in seen:
-            raise keyed.Invalid(f"{key}.{name}", f"{address} is also {key}.{seen[address]}",
-                                "every handshake register needs its own address")
-        seen[address] = name
+    check_distinct(values, key, "every handshake register needs its own address")
+    seen = [values[name] for name in HANDSHAKE_VALUES]
     span = max(seen) - min(seen) + 1
     if span > TABLES["holding"].max_read:
         raise keyed.Invalid(key, f"the registers span {span} addresses ({min(seen)}..{max(seen)}), "
                             f"more than one read of {TABLES['holding'].max_read}",
                             "keep the eight handshake registers close together")
     hs = Handshake(**values)
-    least = hs.heartbeat_s + 2 * hs.poll_s
-    if hs.watchdog_s < least:
-        raise keyed.Invalid(f"{key}.watchdog_s",
-                            f"expected >= {key}.heartbeat_s + 2 x {key}.poll_s "
-                            f"({least:g}), got {hs.watchdog_s:g}",
-                            "the heartbeat moves every heartbeat_s + poll_s at worst; set "
+    check_watchdog(hs, key, "the heartbeat moves every heartbeat_s + poll_s at worst; set "
                             "watchdog_s to the PLC program's heartbeat watchdog (5 s or more "
                             "is usual)")
     return hs
-
-
-def point_limits(values: dict[str, Any], key: str) -> dict[str, float] | None:
-    """A point's limits, in order (``LIMIT_KEYS``), or None: one rule for register and
-    node maps (one point model)."""
-    given = [(name, values[name]) for name in LIMIT_KEYS if name in values]
-    for (low, a), (high, b) in pairwise(given):
-        if b < a:
-            raise keyed.Invalid(f"{key}.{high}", f"expected >= {key}.{low} ({a:g}), got {b:g}",
-                                f"limits go {' <= '.join(LIMIT_KEYS)}")
-    return dict(given) or None
 
 
 def _point(v: Any, key: str) -> Point:
@@ -537,8 +494,7 @@ def _writable(v: Any, key: str) -> tuple[str, int, int, str]:
     return table, address, count, key
 
 
-_HANDSHAKE = {name: keyed.integer(0, 0xFFFF) for name in _HANDSHAKE_REGISTERS} | {
-    "poll_s": _TIMEOUT, "heartbeat_s": _TIMEOUT, "watchdog_s": _TIMEOUT}
+_HANDSHAKE = handshake_keys(keyed.integer(0, 0xFFFF))
 _LIMITS = {name: keyed.number() for name in LIMIT_KEYS}
 _POINT = {
     "name": keyed.text(64, NAME_PATTERN, "a name of 1..64 letters, digits, '_', '.' or '-'"),
@@ -554,20 +510,16 @@ _POINT = {
 }
 _WRITABLE = {"table": keyed.choice(*TABLES), "address": keyed.integer(0, 0xFFFF),
              "count": keyed.integer(1, 0x10000)}
-_FAULT_TREE = {"top_event": keyed.text(300), "system": keyed.text(2000)}
-_HISTORY = {"keep": keyed.integer(1, HISTORY_MAX), "every_s": _TIMEOUT}
 _TOP = {
     "id": keyed.text(64, ID_PATTERN, "1..64 letters, digits, '_' or '-' (an MQTT topic level)"),
     "description": keyed.text(2000, nullable=True),
     "transport": keyed.Key(_transport, "a mapping with kind: tcp or kind: rtu"),
-    "handshake": keyed.section(_handshake, _HANDSHAKE, _HANDSHAKE_REGISTERS),
+    "handshake": keyed.section(_handshake, _HANDSHAKE, HANDSHAKE_VALUES),
     "points": keyed.listof(_point, f"a list of 1..{MAX_POINTS} points", 1, MAX_POINTS),
     "writable": keyed.listof(_writable, "a list of {table, address, count} entries", 0, 0xFFFF,
                       nullable=True),
-    "fault_tree": keyed.section(lambda values, key: values, _FAULT_TREE, ("top_event",),
-                           nullable=True),
-    "history": keyed.section(lambda values, key: History(**values), _HISTORY, ("keep",),
-                             nullable=True),
+    "fault_tree": FAULT_TREE_KEY,
+    "history": HISTORY_KEY,
 }
 
 
@@ -594,7 +546,7 @@ def _check_layout(points: Sequence[Point], handshake: Handshake) -> None:
 
 def _allowlist(entries: Sequence[tuple[str, int, int, str]],
                handshake: Handshake) -> frozenset[tuple[str, int]]:
-    plc_owned = {getattr(handshake, name): name for name in _PLC_OWNED}
+    plc_owned = {getattr(handshake, name): name for name in PLC_WRITES}
     allowed = {("holding", a) for a in handshake.owned}
     for table, address, count, key in entries:
         for a in range(address, address + count):

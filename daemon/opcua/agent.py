@@ -11,13 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from rung.daemon.metrics import Metrics
-from rung.daemon.modbus.job import Submit
-from rung.daemon.modbus.link_state import Publish
 from rung.daemon.opcua.link import NodeLink
 from rung.daemon.opcua.nodemap import NodeMap
 from rung.daemon.plc.handshake import HandshakeAgent, Plant
+from rung.daemon.plc.job import Submit
+from rung.daemon.plc.link_state import Publish
 
-__all__ = ["OpcUaAgent"]
+__all__ = ["VIA", "OpcUaAgent"]
+
+VIA = "OPC UA"   # in the diagnosis request and the err texts
 
 
 class OpcUaAgent(HandshakeAgent):
@@ -30,4 +32,4 @@ class OpcUaAgent(HandshakeAgent):
         self.link = link
         super().__init__(plc, link, submit, publish, base_topic, timeout_s, reconnect_min_s,
                          reconnect_max_s, metrics=metrics, state_dir=state_dir, plant=plant,
-                         via="OPC UA")
+                         via=VIA)

@@ -52,7 +52,8 @@ from rung.daemon.opcua.errors import (
     status_error,
     translate,
 )
-from rung.daemon.opcua.nodemap import RUNG_WRITES, NodeMap, NodePoint, NodeRef
+from rung.daemon.opcua.nodemap import NodeMap, NodePoint, NodeRef
+from rung.daemon.plc.points import RUNG_WRITES
 from rung.daemon.plc.shown import ShowsState
 from rung.daemon.plc.transport import OnState, Values
 

@@ -24,20 +24,26 @@ from pathlib import Path
 from typing import Any
 
 from rung.daemon import keyed
-from rung.daemon.modbus.regmap import (
-    HISTORY_MAX,
+from rung.daemon.plc.points import (
+    FAULT_TREE_KEY,
+    HANDSHAKE_VALUES,
+    HISTORY_KEY,
     ID_PATTERN,
     LIMIT_KEYS,
     MAX_POINTS,
     NAME_PATTERN,
+    PLC_WRITES,
+    RUNG_WRITES,
     History,
+    Paced,
+    check_distinct,
+    check_watchdog,
+    handshake_keys,
     point_limits,
 )
 from rung.engines.errors import RungError
 
 CREDENTIAL = "credential:"
-HANDSHAKE_NODES = ("req", "req_seq", "ack_seq", "busy", "done", "err", "result", "heartbeat")
-RUNG_WRITES = ("ack_seq", "busy", "done", "err", "result", "heartbeat")
 POLICIES = {"None": ("None",), "Basic256Sha256": ("Sign", "SignAndEncrypt")}
 # auto: whatever the server holds (a number or a bool); number: any number; the rest insist
 POINT_TYPES = ("auto", "number", "bool", "int", "float")
@@ -95,8 +101,9 @@ class Server:
 
 
 @dataclass(frozen=True)
-class NodeHandshake:
-    """The handshake's nodes. ``req`` and ``req_seq`` are the PLC's; the rest rung's.
+class NodeHandshake(Paced):
+    """The handshake block (``daemon/plc/points.py``) in nodes. ``req`` and ``req_seq`` are
+    the PLC's; the rest rung's.
     ``poll_s`` is the supervision cycle (a request is seen at once through the
     subscription on req/req_seq), ``heartbeat_s`` and ``watchdog_s`` as for Modbus."""
 
@@ -113,13 +120,8 @@ class NodeHandshake:
     watchdog_s: float = 5.0
 
     @property
-    def retry_max_s(self) -> float:
-        """As a register map's: ``(watchdog_s - heartbeat_s) / 2``."""
-        return max(self.poll_s, (self.watchdog_s - self.heartbeat_s) / 2)
-
-    @property
     def nodes(self) -> dict[str, NodeRef]:
-        return {name: getattr(self, name) for name in HANDSHAKE_NODES}
+        return {name: getattr(self, name) for name in HANDSHAKE_VALUES}
 
 
 @dataclass(frozen=True)
@@ -260,20 +262,9 @@ def _server(values: dict[str, Any], key: str) -> Server:
 
 
 def _handshake(values: dict[str, Any], key: str) -> NodeHandshake:
-    seen: dict[str, str] = {}
-    for name in HANDSHAKE_NODES:
-        text = str(values[name])
-        if text in seen:
-            raise keyed.Invalid(f"{key}.{name}", f"{text} is also {key}.{seen[text]}",
-                                "every handshake value needs its own node")
-        seen[text] = name
+    check_distinct(values, key, "every handshake value needs its own node")
     hs = NodeHandshake(**values)
-    least = hs.heartbeat_s + 2 * hs.poll_s
-    if hs.watchdog_s < least:
-        raise keyed.Invalid(f"{key}.watchdog_s",
-                            f"expected >= {key}.heartbeat_s + 2 x {key}.poll_s ({least:g}), "
-                            f"got {hs.watchdog_s:g}",
-                            "set watchdog_s to the PLC program's heartbeat watchdog")
+    check_watchdog(hs, key, "set watchdog_s to the PLC program's heartbeat watchdog")
     return hs
 
 
@@ -299,8 +290,7 @@ _SERVER = {
     "namespace": keyed.text(1024, nullable=True),
     "application_uri": keyed.text(1024),
 }
-_HANDSHAKE = {name: _NODE for name in HANDSHAKE_NODES} | {
-    "poll_s": _TIMEOUT, "heartbeat_s": _TIMEOUT, "watchdog_s": _TIMEOUT}
+_HANDSHAKE = handshake_keys(_NODE)
 _POINT = {
     "name": keyed.text(64, NAME_PATTERN, "a name of 1..64 letters, digits, '_', '.' or '-'"),
     "node": _NODE,
@@ -317,15 +307,11 @@ _TOP = {
     "id": keyed.text(64, ID_PATTERN, "1..64 letters, digits, '_' or '-' (an MQTT topic level)"),
     "description": keyed.text(2000, nullable=True),
     "server": keyed.section(_server, _SERVER, ("endpoint",)),
-    "handshake": keyed.section(_handshake, _HANDSHAKE, HANDSHAKE_NODES),
+    "handshake": keyed.section(_handshake, _HANDSHAKE, HANDSHAKE_VALUES),
     "points": keyed.listof(_point, f"a list of 1..{MAX_POINTS} points", 1, MAX_POINTS),
     "writable": keyed.listof(_noderef, "a list of nodes", 0, 1000, nullable=True),
-    "fault_tree": keyed.section(lambda values, key: values,
-                                {"top_event": keyed.text(300), "system": keyed.text(2000)},
-                                ("top_event",), nullable=True),
-    "history": keyed.section(lambda values, key: History(**values),
-                             {"keep": keyed.integer(1, HISTORY_MAX), "every_s": _TIMEOUT},
-                             ("keep",), nullable=True),
+    "fault_tree": FAULT_TREE_KEY,
+    "history": HISTORY_KEY,
 }
 
 
@@ -348,7 +334,7 @@ def _check(values: dict[str, Any]) -> frozenset[str]:
     writable = values.pop("writable", None) or ()
     for i, ref in enumerate(writable):
         owner = nodes.get(str(ref))
-        if owner in ("handshake.req", "handshake.req_seq"):
+        if owner in tuple(f"handshake.{name}" for name in PLC_WRITES):
             raise keyed.Invalid(f"writable[{i}]", f"{ref} is {owner}, which the PLC writes")
     return frozenset(str(ref) for ref in writable)
 

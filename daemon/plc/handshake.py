@@ -27,7 +27,7 @@ starts failing and once when it works again or is no longer needed; the attempts
 counted in ``rung_plc_retries_total`` and ``rung_plc_failing``, and the link state reads
 ``degraded`` with the operation and its error while one keeps failing.
 
-A request runs once (:class:`rung.daemon.modbus.job.Diagnoser`). Its answer is kept, in a
+A request runs once (:class:`rung.daemon.plc.job.Diagnoser`). Its answer is kept, in a
 file under ``state_dir`` when one is given, and published once; the writes that deliver it
 are retried for as long as the PLC keeps the request up, never by running the model again.
 A request found acknowledged but neither done nor answered (``ack_seq == req_seq``, ``done
@@ -53,24 +53,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from rung.daemon.backoff import Backoff
 from rung.daemon.metrics import Metrics, PlcMetrics
-from rung.daemon.modbus.job import (
-    ERR_CODES,
-    Answered,
-    AnswerStore,
-    Backoff,
-    Diagnoser,
-    Job,
-    Submit,
-)
-from rung.daemon.modbus.link_state import LinkState, Publish
 from rung.daemon.plc.errors import PlcError
+from rung.daemon.plc.job import Answered, AnswerStore, Diagnoser, Job, Submit
+from rung.daemon.plc.link_state import LinkState, Publish
 from rung.daemon.plc.transport import PlcSpec, Transport
 from rung.daemon.plc.trends import Trends
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer
 
-__all__ = ["ERR_CODES", "HandshakeAgent", "Plant", "Publish", "Submit", "Trends"]
+__all__ = ["HandshakeAgent", "Plant", "Publish", "Submit", "Trends"]
 
 log = logging.getLogger("rung.plc")
 
@@ -101,15 +94,15 @@ class HandshakeAgent:
     ``metrics``: the daemon's (its ``plc`` series); ``state_dir``: where the answer waiting
     for delivery is kept (``{state_dir}/{plc id}.json``); None keeps it in memory only;
     ``plant``: told every diagnosis and link change too (Sparkplug B), or None; ``via``: the
-    protocol's name in the diagnosis request. The transport's ``on_state`` and
+    protocol's name in the diagnosis request and the err texts. The transport's ``on_state`` and
     ``on_request`` are the agent's from here on.
     """
 
     def __init__(self, plc: PlcSpec, transport: Transport, submit: Submit, publish: Publish,
                  base_topic: str, timeout_s: float, reconnect_min_s: float = 0.5,
                  reconnect_max_s: float = 30.0, metrics: Metrics | None = None,
-                 state_dir: Path | None = None, plant: Plant | None = None,
-                 via: str = "Modbus") -> None:
+                 state_dir: Path | None = None, plant: Plant | None = None, *,
+                 via: str) -> None:
         hs = plc.handshake
         self.plc, self.transport, self.publish, self.base = plc, transport, publish, base_topic
         self.plant = plant

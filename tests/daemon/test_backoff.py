@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from rung.daemon.backoff import Backoff
-from rung.daemon.modbus.job import Backoff as PlcBackoff
 from rung.daemon.mqtt.outbox import JOURNAL_RETRY_MAX_S, JOURNAL_RETRY_S
 from rung.daemon.supervise import Policy
 
@@ -58,10 +57,9 @@ def test_nonsense_is_refused(kwargs: dict[str, float]) -> None:
 
 
 def test_the_parts_keep_their_numbers() -> None:
-    """The supervisor's restarts, the PLC handshake's backoff (imported from the job, as
-    before) and the outbox's journal retries, through the one helper."""
+    """The supervisor's restarts, the PLC handshake's backoff and the outbox's journal
+    retries, through the one helper."""
     p = Policy()
     assert [p.delay(n) for n in range(1, 9)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
-    assert PlcBackoff is Backoff
     outbox = Backoff(JOURNAL_RETRY_S, JOURNAL_RETRY_MAX_S)
     assert [outbox.next() for _ in range(8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]

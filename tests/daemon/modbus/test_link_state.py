@@ -10,8 +10,8 @@ from typing import Any
 
 from rung.daemon.modbus.agent import PlcAgent
 from rung.daemon.modbus.link import Link
-from rung.daemon.modbus.link_state import LinkState
 from rung.daemon.modbus.regmap import parse_map
+from rung.daemon.plc.link_state import LinkState
 from tests.daemon.plc_rig import map_doc
 
 TOPIC = "t/rung/plc/press1/link"

@@ -15,12 +15,13 @@ from typing import Any, TypeVar
 
 import pytest
 
+from rung.daemon.backoff import Backoff
 from rung.daemon.demo.plcsim import SimPlc
 from rung.daemon.metrics import Metrics
 from rung.daemon.modbus.agent import PlcAgent
-from rung.daemon.modbus.job import Answered, AnswerStore, Backoff
 from rung.daemon.modbus.link import Link
 from rung.daemon.modbus.regmap import encode_words, parse_map
+from rung.daemon.plc.job import Answered, AnswerStore
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.tasks.runner import TaskRunner

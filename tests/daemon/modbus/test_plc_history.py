@@ -13,7 +13,8 @@ import pytest
 
 from rung.daemon.modbus.agent import PlcAgent, Trends
 from rung.daemon.modbus.link import Link
-from rung.daemon.modbus.regmap import History, RegisterMapError, parse_map
+from rung.daemon.modbus.regmap import RegisterMapError, parse_map
+from rung.daemon.plc.points import History
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer
 from rung.daemon.tasks.diagnosis import prognosis

@@ -130,6 +130,7 @@ def test_a_node_that_does_not_exist(runner: TaskRunner, tmp_path: Path,
                 await p.answered(seq)
                 (event,) = p.events()
                 assert event["err"] == 1 and event["snapshot"] == {}
+                assert event["err_text"] == "snapshot could not be read over OPC UA"
                 assert await p.get("err") == 1
                 await p.sim.set("req", 0)
                 await p.sim.remove("ack_seq")        # a handshake node: no heartbeat

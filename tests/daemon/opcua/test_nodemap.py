@@ -12,7 +12,7 @@ import yaml
 
 from rung.daemon.modbus.regmap import PlcMap, RegisterMapError
 from rung.daemon.opcua.nodemap import NodeMap, NodeMapError, load_node_map, parse_node_map
-from rung.daemon.plc.maps import load_plc_map
+from rung.daemon.plcmaps import load_plc_map
 
 ROOT = Path(__file__).resolve().parents[3]
 MAP = ROOT / "configs" / "plcs" / "mixer2-opcua.yaml"

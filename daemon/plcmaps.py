@@ -2,6 +2,9 @@
 opcua`` is an OPC UA node map (``daemon/opcua/nodemap.py``); any other is a Modbus register
 map (``daemon/modbus/regmap.py``; ``protocol: modbus`` may say so). Both give the handshake
 the same view (:class:`~rung.daemon.plc.transport.PlcSpec`).
+
+It sits above both adapters, beside ``serve.py`` and ``check.py`` that use it: ``daemon/plc/``
+is the protocol-neutral core the adapters build on and imports neither.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the PLC has it.
 
 :class:`Diagnoser` runs a request once and returns an :class:`Answered`: the err/result
-pair for the PLC's registers and the MQTT event and summary. :class:`AnswerStore` keeps
+pair for the PLC's handshake values and the MQTT event and summary. :class:`AnswerStore` keeps
 that answer in a small JSON file per PLC while its final writes are pending, so a write the
 PLC refuses is retried, across a rung restart too, without running the model again.
 """
@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rung.daemon.backoff import Backoff as Backoff  # the PLC handshake imports it from here
+from rung.daemon.backoff import Backoff
 from rung.daemon.plc.errors import PlcError
 from rung.daemon.plc.transport import PlcSpec, Snapshots
 from rung.daemon.request import Request
@@ -28,11 +28,12 @@ from rung.daemon.wallclock import iso
 
 log = logging.getLogger("rung.plc")
 
-# err register: 0 success; the rest tell the PLC programmer what to look at
+# err value: 0 success; the rest tell the PLC programmer what to look at. {via}: the
+# protocol's name, the transport's to say (err_codes)
 ERR_OK, ERR_SNAPSHOT, ERR_ANSWER, ERR_BUSY, ERR_TIMEOUT, ERR_INTERNAL, ERR_INPUT = range(7)
-ERR_CODES = {
+_ERR_TEXTS = {
     ERR_OK: "success",
-    ERR_SNAPSHOT: "snapshot could not be read over Modbus",
+    ERR_SNAPSHOT: "snapshot could not be read over {via}",
     ERR_ANSWER: "the model's answer failed validation (invalid_output or truncated)",
     ERR_BUSY: "rung's queue was full",
     ERR_TIMEOUT: "no answer before the deadline (expired)",
@@ -43,9 +44,17 @@ _ERR_BY_CODE = {"invalid_output": ERR_ANSWER, "truncated": ERR_ANSWER, "busy": E
                 "expired": ERR_TIMEOUT, "bad_request": ERR_INPUT, "too_long": ERR_INPUT,
                 "unknown_task": ERR_INTERNAL, "internal": ERR_INTERNAL}
 SNAPSHOT_ATTEMPTS = 5
-# result register: the advisory's priority (0 when err != 0)
+# result value: the advisory's priority (0 when err != 0)
 PRIORITY = {"low": 1, "medium": 2, "high": 3, "critical": 4}
 _FORMAT = 1   # of the answer file
+
+
+
+def err_codes(via: str) -> dict[int, str]:
+    """What each err value means, as the event's ``err_text`` says it, for a PLC read over
+    ``via`` (the protocol's name: ``Modbus``, ``OPC UA``)."""
+    return {code: text.format(via=via) for code, text in _ERR_TEXTS.items()}
+
 
 Submit = Callable[[Request], "asyncio.Future[Answer] | None"]   # None: the queue is full
 OnRetry = Callable[[str, int], None]   # (operation, failed attempts in a row)
@@ -66,7 +75,7 @@ class Job:
 
 @dataclass
 class Answered:
-    """A finished request: what goes into its registers and onto MQTT. ``published``: the
+    """A finished request: what goes into its handshake values and onto MQTT. ``published``: the
     event and summary were handed to the publisher (never published twice)."""
 
     plc: str
@@ -81,12 +90,14 @@ class Answered:
 class Diagnoser:
     """Runs one PLC's requests through the shared scheduler: the snapshot (transient errors
     retried ``attempts`` times with ``backoff``, a configuration error ends it at once), the
-    diagnosis and, when the map asks, a fault tree."""
+    diagnosis and, when the map asks, a fault tree. ``via``: the protocol's name, for the
+    diagnosis request and the err texts."""
 
     def __init__(self, plc: PlcSpec, link: Snapshots, submit: Submit, base_topic: str,
                  timeout_s: float, backoff: Backoff, on_retry: OnRetry,
-                 attempts: int = SNAPSHOT_ATTEMPTS, via: str = "Modbus") -> None:
+                 attempts: int = SNAPSHOT_ATTEMPTS, *, via: str) -> None:
         self.plc, self.link, self.submit, self.via = plc, link, submit, via
+        self.err_codes = err_codes(via)
         self.base, self.timeout_s = base_topic, timeout_s
         self.backoff, self.on_retry, self.attempts = backoff, on_retry, attempts
 
@@ -186,7 +197,7 @@ class Diagnoser:
                                            "output": a.output, "validation": a.validation})
         event = {"plc": self.plc.id, "req_seq": job.req_seq, "resumed": job.resumed,
                  "time": iso(job.started), "ms": round((time.time() - job.started) * 1000),
-                 "err": job.err, "err_text": ERR_CODES[job.err], "result": job.result,
+                 "err": job.err, "err_text": self.err_codes[job.err], "result": job.result,
                  "snapshot": job.snapshot, **answers}
         last = {k: event[k] for k in ("plc", "req_seq", "time", "err", "err_text", "result")}
         diag = job.answers.get("diagnosis")

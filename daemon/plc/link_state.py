@@ -1,6 +1,7 @@
-"""A PLC's Modbus link state on MQTT: ``{base}/plc/{plc}/link``, retained (docs/contract.md).
+"""A PLC's link state on MQTT, whatever the protocol: ``{base}/plc/{plc}/link``, retained
+(docs/contract.md).
 
-The PLC's :class:`~rung.daemon.modbus.link.Link` reports every change of its state
+The PLC's transport (a Modbus ``Link``, an OPC UA ``NodeLink``) reports every change of its state
 (``connected``, ``degraded``, ``disconnected``, ``error``); :class:`LinkState` logs it
 (``plc link``), publishes it and says it again after every reconnection to the broker. The
 publisher holds what the broker cannot take and keeps the newest of a retained topic, so a
@@ -26,7 +27,7 @@ OnUp = Callable[[str, bool], None]   # (PLC id, up)
 
 
 class LinkState:
-    """One PLC's link state: ``changed`` is its Link's ``on_state``."""
+    """One PLC's link state: ``changed`` is its link's ``on_state``."""
 
     def __init__(self, plc_id: str, base_topic: str, publish: Publish,
                  on_up: OnUp | None = None) -> None:
@@ -38,7 +39,7 @@ class LinkState:
         self._sending: set[asyncio.Future[bool]] = set()
 
     def changed(self, state: str, detail: str | None) -> None:
-        """The Link's state changed: log it and publish it."""
+        """The link's state changed: log it and publish it."""
         if self.silent:
             return
         up = state in ("connected", "degraded")   # the PLC answers
