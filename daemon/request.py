@@ -32,8 +32,8 @@ class Request:
     input is checked against the task schema later, by the runner (``bad_request`` on a
     mismatch). Its answer comes back as the future ``Scheduler.submit`` returns; ``ref``
     names the request in the scheduler's log lines (``mqtt request 12``); ``uid`` is its
-    identity inside this process (not compared: two requests with equal fields are equal,
-    as before)."""
+    identity inside this process, left out of comparisons so that requests compare by
+    what they ask: two requests with equal fields are equal."""
 
     task: str
     input: dict[str, Any]

@@ -54,8 +54,8 @@ class BatchDecoder:
     tokens all joining rows feed together in one step (the row that joined first takes its
     share first), so a long prompt does not stall the others, and a step's activations stay
     those of ``prefill_chunk`` tokens however many rows join at once: ONNX Runtime's arena
-    keeps what the largest step took (Qwen2.5-0.5B int4: 1.17 GB peak after one step of 4 x
-    512 prompt tokens, 0.71 GB after one of 512)."""
+    keeps what the largest step took, so an unbounded joint prefill would raise the
+    process's memory for good (measured in docs/benchmarks/plant-load.md)."""
 
     def __init__(self, engine: AnyEngine, tokenizer: Tokenizer, rows: int,
                  prefix: PrefixCache | None = None, prefill_chunk: int = 512,

@@ -30,22 +30,18 @@ LOOKUP_NGRAMS = (3, 2)
 
 # weights whose engines run every step over at least two positions. A row that feeds one
 # new token takes other kernel paths in ONNX Runtime than a row that feeds several (its
-# attention's one-query path), which round otherwise: 1e-5..4e-5 in the logits of
-# SmolLM2's fused engines between a token fed alone and the same token in a step of more,
-# while steps of several tokens give a row the same logits bit for bit however they are
-# split and batched (MatMulNBits itself is row-invariant). The 8-bit activation
-# quantization of the int8/int4 kernels turns such a difference into another rounding
-# step, 0.3-0.6 in the logits a few positions on, so near-ties break the other way
-# (SmolLM2 int4: 2 of 12 answers the same with drafts, and answers depended on the batch).
-# So on the fused graph a quantized engine runs a second, unscored position beside every
-# lone token and drops its KV (``OnnxEngine._padded``): drafts, batches and plain decoding
-# then give a row the same logits. The generic graph's plain MatMul attention still rounds
-# by the step's length (~2e-6), so there fast decoding is not exact on quantized weights.
-# fp32 differences stay below greedy near-ties in practice (12 of 12 answers the same on
-# every fp32 engine measured): fp32 steps stay unpadded. The graph makes the second
-# position after the weight products (``attention_positions``, manifest format 8), so the
-# cost is the attention's: a one-token SmolLM2-135M int4 step 17.7 ms padded, 17.3
-# unpadded, 19.4 with the token fed twice as before (bench/step_cost.py, one session).
+# attention's one-query path), which round slightly otherwise, while steps of several
+# tokens give a row the same logits bit for bit however they are split and batched
+# (MatMulNBits itself is row-invariant). The 8-bit activation quantization of the
+# int8/int4 kernels amplifies such a difference a few positions on, so greedy near-ties
+# break the other way and answers would depend on drafts and on the batch. So on the
+# fused graph a quantized engine runs a second, unscored position beside every lone token
+# and drops its KV (``OnnxEngine._padded``): drafts, batches and plain decoding then give
+# a row the same logits. The generic graph's plain MatMul attention rounds by the step's
+# length, so there fast decoding is not exact on quantized weights. fp32 differences stay
+# below greedy near-ties, so fp32 steps stay unpadded. The graph adds the second position
+# after the weight products (``attention_positions``), so the padding costs only the
+# attention's share of a step. The measurements: docs/benchmarks/fast-decoding.md.
 PADDED_WEIGHTS = ("int8", "int4")
 
 

@@ -4,33 +4,10 @@ Written once by ``rung export``, read by every engine backend. It is versioned: 
 refuses a manifest whose ``format_version`` it does not know, and every artifact it names is
 checked against its sha256 before use.
 
-Format 2 adds the ``quantization`` record (int8/int4 weights as ``MatMulNBits``) and the
-tolerances in the parity record; format 1 manifests still load (those keys default to
-empty). An engine with quantized weights needs an ONNX Runtime with the ``com.microsoft``
-``MatMulNBits`` op (every CPU build has it).
-
-Format 3 adds the optional ``trt`` record: a TensorRT plan built from the graph for one GPU
-(``rung export --target trt``), listed in ``artifacts`` like every other file. Formats 1 and
-2 still load (no plan).
-
-Format 4 adds the parity record's ``max_mean_kl`` (lossy paths are accepted on KL and greedy
-agreement over real text, exact paths keep ``tolerance_rel``; see export/verify.py) and,
-inside ``quantization``, per-matrix bits and zero points (``scheme`` ``asymmetric`` or
-``symmetric``, ``layers``: the matrices kept at 8 bits) and the source a GGUF file stored
-each matrix as. Formats 1 to 3 still load.
-
-Format 7 records why the export chose what it did where the user left it open: ``kv.chosen_by``
-(``auto``: ``--kv auto``, the default, export/defaults.py; ``flag``: ``--kv`` given) and
-``kv.reason`` (the target's attention path, the estimated engine peak against the memory
-budget), and ``ffn_skip``: ``--ffn-skip`` resolved (``requested``, ``mode``, ``reason``;
-under ``auto`` a checkpoint's trained gates are dropped only where fast decoding would
-apply without them and that stays within the quality budget). All optional: formats 1 to 6
-load with them None.
-
-Format 8 adds the fused graph's input ``attention_positions`` to int8/int4 engines without
-FFN gates: a lone token's attention runs over two positions inside the graph, where the
-engine fed the token twice before (``rung.export.onnx_fused``). Formats 1 to 7 still load
-and are fed as before.
+Every key a later format added is optional, so an engine keeps loading the manifests of
+every earlier format (missing keys default to empty or None) and refuses only a newer one:
+engines exported before an upgrade stay servable. What each format added, and why:
+docs/architecture.md, "Manifest formats".
 
 Layout of the generic graph (``kv.layout`` ``position_major_SBHD``):
 
