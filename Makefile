@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: test demo lint typecheck unit bench clean system-deps checkpoints
+.PHONY: test demo lint typecheck unit quick bench clean system-deps checkpoints
 
 # Debian packages the tests and the demo run for real: a private mosquitto (never the
 # system service) and systemd-analyze for the unit file check.
@@ -57,6 +57,13 @@ unit: $(VENV)/.dev system-deps checkpoints
 	$(PY) -m pytest -q
 
 test: lint typecheck unit
+
+# The fast loop while editing: the tests not marked slow (no real checkpoint, no training,
+# no end-to-end daemon runs), stopping at the first failure. No lint, typecheck or checkpoint
+# fetch (system-deps: the private mosquitto the daemon tests start); CI runs `make test`,
+# which still runs everything.
+quick: $(VENV)/.dev system-deps
+	$(PY) -m pytest -q -m "not slow" -x -p no:cacheprovider
 
 demo: $(VENV)/.export system-deps
 	$(VENV)/bin/rung demo

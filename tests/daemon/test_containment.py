@@ -22,7 +22,7 @@ from rung.daemon.demo.localbroker import free_port
 from rung.daemon.mqtt.journal import Incoming, Journal
 from tests.daemon.harness import BASE, Broker, Daemon, Requester, write_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ST = {"description": "Pump P1 runs while the level is below 2 m.", "name": "P_Pump",
       "pou_type": "PROGRAM"}

@@ -27,6 +27,8 @@ from rung.engines import load_engine
 from rung.engines.batch import BatchDecoder
 from rung.engines.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow
+
 BASE = "v1/fuzz/rung/node1"
 CODES = {"bad_json", "bad_request", "unknown_task", "too_large", "too_long", "truncated",
          "invalid_output", "internal"}

@@ -32,6 +32,8 @@ from rung.engines.sampler import SamplingParams
 from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow
+
 
 def max_size_fault_tree() -> dict[str, Any]:
     """A fault tree at the output schema's limits: 40 basic events, 30 gates of up to 10

@@ -24,7 +24,7 @@ from rung.engines.sampler import SamplingParams
 from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PROBE = Task(
     name="probe", description="a POU whose body uses a name it does not declare",

@@ -25,7 +25,7 @@ from rung.daemon.metrics import summarize_text
 from rung.daemon.tasks.task import load_tasks
 from tests.daemon.harness import BASE, Broker, Daemon, Requester, retained_status, write_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # a request that states no values: the delivery tests need an answer that passes every
 # check, whatever the demo model does with stated setpoints (docs/benchmarks/answers.md)

@@ -21,6 +21,8 @@ from rung.daemon.metrics import Metrics
 from rung.daemon.supervise import Fatal, Policy, Supervisor, spawn
 from tests.daemon.harness import Broker, Requester, write_config
 
+pytestmark = pytest.mark.slow
+
 FAST = Policy(first_s=0.01, max_s=0.05, restarts=3, healthy_s=0.3)
 
 

@@ -311,6 +311,7 @@ def _smollm2_tokenizer(tmp_path: Path) -> Tokenizer:
     return Tokenizer.load(tmp_path, read_tokenizer_spec(tmp_path))
 
 
+@pytest.mark.slow
 def test_chatml_injection_with_the_real_tokenizer(tmp_path: Path) -> None:
     """The reviewed attack on a real ChatML tokenizer: a user text closing its turn and
     opening a system turn yields only the template's control tokens."""

@@ -131,6 +131,7 @@ def test_a_missing_or_corrupt_adapter_is_refused(base: Path, adapter: Path,
         export(base, tmp_path / "e2", ExportOptions(kv="fp32", max_seq=128, adapter=bad))
 
 
+@pytest.mark.slow
 def test_an_adapter_merges_into_a_gguf_base(tmp_path: Path) -> None:
     """The real SmolLM2 GGUF cut to two layers, an adapter trained on its dequantized
     weights: the engine exported from the GGUF with the adapter equals the merged model."""

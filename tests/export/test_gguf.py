@@ -28,6 +28,7 @@ TEXTS = ["Hello world! 12345 apples, Öltemperatur 85 °C\n\n  def f(x):\n\tretu
          "IF oil_temp > 85.0 THEN alarm := TRUE; END_IF; // 3.14159"]
 
 
+@pytest.mark.slow
 def test_reader_matches_transformers_gguf_loader(smollm2_gguf: Path) -> None:
     """Every tensor (q/k rows unpermuted), the config and the tokenizer, against the
     independent reader transformers ships."""
@@ -63,6 +64,7 @@ def test_unpermute_inverts_the_converters_permutation() -> None:
     np.testing.assert_array_equal(unpermute(permuted, 6), w)
 
 
+@pytest.mark.slow
 def test_q4_1_gguf_becomes_an_int4_engine(smollm2_cut_gguf: Path, tmp_path: Path) -> None:
     m = export(smollm2_cut_gguf, tmp_path, ExportOptions(kv="fp16", max_seq=256))
     q = m.quantization
@@ -87,6 +89,7 @@ def test_q4_1_gguf_becomes_an_int4_engine(smollm2_cut_gguf: Path, tmp_path: Path
 
 @pytest.mark.parametrize(("kind", "weights"), [("F16", "fp32"), ("Q8_0", "int8"),
                                                 ("Q4_0", "int4")])
+@pytest.mark.slow
 def test_gguf_types_become_engine_precisions(kind: str, weights: str, tmp_path: Path) -> None:
     path = real_checkpoint.cut_gguf(CUT_LAYERS, kind)
     m = export(path, tmp_path, ExportOptions(kv="fp32", max_seq=128))
@@ -103,6 +106,7 @@ def test_gguf_types_become_engine_precisions(kind: str, weights: str, tmp_path: 
     assert q["accuracy"]["mean_kl"] < {"int8": 2e-3, "int4": 0.02}[weights]
 
 
+@pytest.mark.slow
 def test_a_mixed_gguf_keeps_its_mix(tmp_path: Path) -> None:
     """8-bit ``attn_v``/``ffn_down`` in every other layer, 4-bit elsewhere, as K-quant "M"
     files mix them: the engine keeps each matrix's precision; q/k/v share one node in the

@@ -14,7 +14,7 @@ from rung.engines.errors import ExportError
 from rung.export.exporter import ExportOptions, export
 from tests.checkpoints import final_norm_off
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_fp8_export_passes_on_real_weights(smollm2_cut_hf: Path, tmp_path: Path) -> None:

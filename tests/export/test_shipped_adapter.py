@@ -14,7 +14,7 @@ from rung.export.bases import resolve_adapter
 from rung.export.checkpoint import load_checkpoint
 from tests import real_checkpoint
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "smollm2-plant"
 
 

@@ -12,7 +12,7 @@ import pytest
 from rung.export.checkpoint import load_checkpoint
 from rung.tools.eval_model import evaluate
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = Path(__file__).resolve().parents[2] / "models" / "edge-tiny"
 MARGIN = 0.2  # six samples per rate: one answer more or less moves it by 1/6
 

@@ -20,7 +20,7 @@ from rung.engines import load_engine
 from rung.engines.sampler import SamplingParams
 from rung.engines.tokenizer import Tokenizer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DATA = Path(__file__).resolve().parents[1] / "data" / "handwritten.json"
 
 

@@ -14,7 +14,7 @@ from rung.export.exporter import ExportOptions, export
 from rung.tools.corpus import generate
 from rung.tools.train import TrainConfig, train
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_smoke_training_lowers_loss_and_exports(tmp_path: Path) -> None:

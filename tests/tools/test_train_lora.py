@@ -19,7 +19,7 @@ from rung.tools.examples import read_examples
 from rung.tools.train_lora import LoraTrainConfig, encode_all, main, train
 from tests import real_checkpoint
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

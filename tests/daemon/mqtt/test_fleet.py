@@ -29,7 +29,7 @@ from tests.daemon.modbus.test_plc import HEARTBEAT, PlcThread, _plant
 from tests.daemon.modbus_proxy import ModbusProxy
 from tests.daemon.plc_rig import map_doc
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 GROUP = "line3"
 ST = {"description": "Pump P1 runs while the level is below 2 m.", "name": "P_Pump",

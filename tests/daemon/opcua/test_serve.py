@@ -19,7 +19,7 @@ from rung.daemon.demo.opcsim import SimOpcPlcThread
 from tests.daemon.harness import BASE, Broker, Daemon, Requester, write_config
 from tests.daemon.opcua.rig import map_doc
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_rung_serve_answers_a_plc_over_opcua(tmp_path: Path, edge_engine: Path) -> None:

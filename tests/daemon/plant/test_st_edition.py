@@ -72,6 +72,7 @@ def test_unknown_edition_is_refused(edition: object) -> None:
         edition_problems("x := 1;", edition)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.text(alphabet="ab ;'\"$/*(){}\n\r", max_size=60))
 def test_any_text_comes_out_fit_for_edition_2(text: str) -> None:
