@@ -79,6 +79,7 @@ def broken_ckpt(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path) -> Pat
     return dst
 
 
+@pytest.mark.slow
 def test_error_unsupported_architecture(broken_ckpt: Path, tmp_path: Path) -> None:
     cfg = json.loads((broken_ckpt / "config.json").read_text())
     cfg["architectures"] = ["FalconForCausalLM"]
@@ -87,12 +88,14 @@ def test_error_unsupported_architecture(broken_ckpt: Path, tmp_path: Path) -> No
                            "FalconForCausalLM", "not supported", "config.json")
 
 
+@pytest.mark.slow
 def test_error_missing_tokenizer(broken_ckpt: Path, tmp_path: Path) -> None:
     (broken_ckpt / "tokenizer.json").unlink()
     _assert_one_line_error(_rung("export", str(broken_ckpt), "-o", str(tmp_path / "e")),
                            "tokenizer.json")
 
 
+@pytest.mark.slow
 def test_error_truncated_safetensors(broken_ckpt: Path, tmp_path: Path) -> None:
     f = broken_ckpt / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-1000])
@@ -114,6 +117,7 @@ def test_error_bad_sampling_value(engines: dict[str, Path]) -> None:
                                  "--top-p", "1.5"), "top_p")
 
 
+@pytest.mark.slow
 def test_error_options_tensorrt_cannot_run(checkpoints: dict[str, tuple[Path, Any]],
                                            tmp_path: Path) -> None:
     _assert_one_line_error(_rung("export", str(checkpoints["llama"][0]), "-o",
@@ -156,6 +160,7 @@ def test_ffn_skip_calibrate_from_the_command_line(checkpoints: dict[str, tuple[P
     assert isinstance(ratio, float) and 0.0 <= ratio <= 1.0
 
 
+@pytest.mark.slow
 def test_error_calibrate_without_text(checkpoints: dict[str, tuple[Path, Any]],
                                       tmp_path: Path) -> None:
     _assert_one_line_error(_rung("export", str(checkpoints["llama"][0]), "-o",

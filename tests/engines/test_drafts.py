@@ -23,7 +23,7 @@ from rung.engines.sequence import Generation
 from rung.engines.tokenizer import Tokenizer
 from rung.tools.corpus import generate as corpus
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -15,6 +15,7 @@ from rung.engines.errors import EngineError
 HAVE_CUDA_PYTHON = importlib.util.find_spec("cuda") is not None
 
 
+@pytest.mark.slow
 def test_no_module_imports_a_gpu_runtime() -> None:
     """Import every module of rung.engines and rung.daemon, and the TensorRT build modules:
     tensorrt, cuda (cuda-python) and pycuda stay out of sys.modules."""

@@ -13,7 +13,7 @@ import pytest
 from rung.engines import load_engine
 from rung.engines.onnx_engine import EngineOptions, OnnxEngine
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 

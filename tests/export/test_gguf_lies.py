@@ -336,6 +336,7 @@ def test_rung_export_prints_one_error_line(lie: Callable[[Path], Path], match: s
     _array_length("general.tags", 1 << 30),
     _meta(tokenizer__ggml__eos_token_id=(99, V.UINT32)),
 ], ids=["vocab-size-2e7", "byte-array-length-2^30", "eos-id-past-the-vocabulary"])
+@pytest.mark.slow
 def test_the_command_exits_1_not_70(lie: Callable[[Path], Path], tmp_path: Path) -> None:
     path = lie(tmp_path / "lie.gguf")
     r = subprocess.run([sys.executable, "-m", "rung.daemon", "export", str(path), "-o",

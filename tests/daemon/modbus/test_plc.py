@@ -16,7 +16,7 @@ from rung.daemon.demo.plcsim import SimPlcThread
 from rung.daemon.tasks.task import load_tasks
 from tests.daemon.harness import BASE, Broker, Daemon, Requester, write_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REQ, REQ_SEQ, ACK_SEQ, BUSY, DONE, ERR, RESULT, HEARTBEAT = 100, 101, 110, 111, 112, 113, 114, 115
 
 

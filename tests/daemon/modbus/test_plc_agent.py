@@ -113,6 +113,7 @@ def run(scenario: Callable[[], Awaitable[T]], seconds: float = 120) -> T:
     return asyncio.run(bounded())
 
 
+@pytest.mark.slow
 def test_kept_answer_is_delivered_after_a_restart_without_a_second_run(
         runner: TaskRunner, tmp_path: Path) -> None:
     async def scenario() -> None:
@@ -168,6 +169,7 @@ def test_an_answer_kept_unpublished_is_published_once(runner: TaskRunner,
     run(scenario)
 
 
+@pytest.mark.slow
 def test_a_kept_answer_the_plc_moved_past_is_dropped(runner: TaskRunner,
                                                     tmp_path: Path) -> None:
     async def scenario() -> None:
@@ -186,6 +188,7 @@ def test_a_kept_answer_the_plc_moved_past_is_dropped(runner: TaskRunner,
     run(scenario)
 
 
+@pytest.mark.slow
 def test_a_job_failing_inside_rung_is_answered_err_5_once(runner: TaskRunner,
                                                           tmp_path: Path) -> None:
     async def scenario() -> None:

@@ -25,7 +25,7 @@ from tests.daemon.plc_rig import (
     wait_quiet,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 RigFactory = Callable[..., Rig]
 
 

@@ -14,7 +14,7 @@ from asyncua import ua
 from rung.daemon.tasks.runner import TaskRunner
 from tests.daemon.opcua.rig import plant, run, running
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

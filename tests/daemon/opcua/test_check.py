@@ -20,7 +20,7 @@ from tests.daemon.harness import Broker, write_config
 from tests.daemon.opcua.rig import map_doc
 from tests.daemon.test_serve import rung_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _map(tmp_path: Path, name: str, doc: dict[str, Any]) -> Path:

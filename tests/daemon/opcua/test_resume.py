@@ -11,10 +11,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rung.daemon.opcua.link import NodeLink
 from rung.daemon.tasks.runner import TaskRunner
 from tests.daemon.opcua.rig import Plant, map_doc, plant, run, running
 from tests.daemon.opcua.test_agent import runner  # noqa: F401  (the module's fixture)
+
+pytestmark = pytest.mark.slow
 
 
 def _sessions(p: Plant) -> int:

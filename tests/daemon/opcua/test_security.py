@@ -15,7 +15,7 @@ from tests.daemon.opcua.certs import Pair, make_pair
 from tests.daemon.opcua.rig import map_doc, plant, run, running
 from tests.daemon.opcua.test_agent import runner  # noqa: F401  (the module's fixture)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

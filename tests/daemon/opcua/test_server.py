@@ -27,7 +27,7 @@ from rung.engines.errors import RungError
 from tests.daemon.opcua.certs import Pair, make_pair
 from tests.daemon.opcua.test_agent import runner  # noqa: F401  (the module's fixture)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DIAGNOSIS = {"asset": "Centrifugal pump P-101",
              "points": [{"name": "bearing_temp", "value": 91.0, "unit": "degC",
                          "limits": {"alert": 70, "alarm": 85}},

@@ -29,7 +29,7 @@ from rung.daemon.scheduler import Answer
 from tests.daemon.mqtt.test_intake import BASE, CLIENT, POU, TASKS, FakeScheduler, Rig, settled
 from tests.daemon.opcua.test_server import run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LIMIT = 4096
 TOO_LARGE = {"input": {"spec": "x" * (LIMIT + 100)}}
 # what each adapter gets, in order; the first two are taken by the scheduler (room 2)

@@ -30,7 +30,7 @@ from rung.daemon.scheduler import Answer
 from tests.daemon.opcua.certs import Pair, make_pair
 from tests.daemon.opcua.test_server import run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TASKS = {"diagnosis": object(), "st_code": object(), "fault_tree": object()}
 
 

@@ -29,7 +29,7 @@ from rung.daemon.tasks.runner import TaskRunner
 from tests.daemon.opcua.test_agent import runner  # noqa: F401  (the module's fixture)
 from tests.daemon.opcua.test_server import DIAGNOSIS, run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REQUEST = json.dumps({"input": DIAGNOSIS, "id": "scada-0001", "max_tokens": 200})
 
 

@@ -18,7 +18,7 @@ from tests.daemon.plc_rig import Rig, rig_factory  # noqa: F401  (fixture)
 from tests.daemon.sparkplug_host import Host
 from tests.daemon.test_serve import ST_INPUT, by_id, served  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 XSD = Path(__file__).resolve().parents[2] / "data" / "tc6_xml_v201.xsd"
 
 

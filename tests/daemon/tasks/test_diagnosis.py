@@ -389,6 +389,7 @@ def runner(edge_engine: Path) -> TaskRunner:
                       load_tasks(), edge_engine)
 
 
+@pytest.mark.slow
 def test_the_demo_model_cannot_repeat_the_finding(runner: TaskRunner) -> None:
     """Greedy and sampled answers to the finding's snapshot: whatever else they say, the
     evidence, the priority, the prognosis and the names in free text hold."""

@@ -123,6 +123,7 @@ def _levels(*values: int) -> list[tuple[str, Any]]:
     return [("level", {"value": v}) for v in values]
 
 
+@pytest.mark.slow
 def test_one_requests_failure_in_a_batch_answers_it_alone(runner: Faulty) -> None:
     """The command line's path as the daemon's: a request that fails before or after
     generation is answered ``internal`` (told in brief); the rest of the batch is answered

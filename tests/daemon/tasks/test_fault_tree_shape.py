@@ -247,6 +247,7 @@ def test_a_gate_cannot_close_inputs_gate_and_gates_in_one_token(runner: TaskRunn
     assert _written(runner, "", ids) == head
 
 
+@pytest.mark.slow
 def test_every_tree_the_grammar_lets_through_passes_these_checks(runner: TaskRunner) -> None:
     """Random walks through the request's grammar (each token drawn from those it allows,
     restaged as the runner restages), steered to name gates so that trees grow up to the
@@ -287,6 +288,7 @@ def test_every_tree_the_grammar_lets_through_passes_these_checks(runner: TaskRun
     assert max(sizes) == 30 and len(set(sizes)) > 5, sizes
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_the_demo_model_writes_trees_the_checks_pass(runner: TaskRunner) -> None:
     """The request the demo model answered wrongly, greedy and sampled: every gate under

@@ -83,6 +83,7 @@ def _answer(runner: TaskRunner, task: str, data: dict[str, Any], **kw: Any) -> A
     return r
 
 
+@pytest.mark.slow
 def test_the_demo_model_cannot_contradict_the_snapshot(
         demo: tuple[TaskRunner, TaskRunner]) -> None:
     shaped, _ = demo
@@ -102,6 +103,7 @@ def test_the_demo_model_cannot_contradict_the_snapshot(
             assert s.output["state_detection"] == state_detection(SNAPSHOT)
 
 
+@pytest.mark.slow
 def test_an_st_answer_keeps_the_requested_name_and_type(
         demo: tuple[TaskRunner, TaskRunner]) -> None:
     shaped, plain = demo
@@ -162,6 +164,7 @@ def test_fault_tree_basic_events_are_what_the_gates_name() -> None:
         jsonschema.validate(dangling, narrowed)
 
 
+@pytest.mark.slow
 def test_demo_fault_trees_cannot_dangle(demo: tuple[TaskRunner, TaskRunner]) -> None:
     """Held-out corpus fault trees through the real runner: no answer names an id that is
     neither a gate nor a basic event, and every gate hangs under the top (the published

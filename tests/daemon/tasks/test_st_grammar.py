@@ -78,6 +78,7 @@ def _body_grammar(pou: dict[str, Any] = POU) -> Lark:
     return grammar
 
 
+@pytest.mark.slow
 def test_every_corpus_answer_is_accepted_from_its_own_declarations(
         tokenizer: llguidance.LLTokenizer, runner: TaskRunner) -> None:
     """The grammar does not refuse the ST the model was taught: 150 corpus answers (every
@@ -191,6 +192,7 @@ def runner(edge_engine: Path) -> TaskRunner:
                       {"st_code": ST}, edge_engine)
 
 
+@pytest.mark.slow
 def test_hot_samples_of_the_demo_model_pass_the_checks(runner: TaskRunner) -> None:
     """The demo model sampled at temperature 1.2 (far from what it was trained to write)
     under the grammar: every answer that closes is a POU that parses, declares what it uses

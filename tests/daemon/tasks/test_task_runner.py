@@ -45,6 +45,7 @@ def runner(task_engine: Path) -> TaskRunner:
     return TaskRunner(engine, tok, tasks, task_engine)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", list(INPUTS))
 def test_builtin_tasks_give_schema_valid_json_or_truncated(runner: TaskRunner,
                                                            task: str) -> None:
