@@ -44,6 +44,7 @@ def test_logits_match_transformers(arch: str, checkpoints: dict[str, tuple[Path,
     np.testing.assert_allclose(mine, ref, atol=1e-4 * max(1.0, np.abs(ref).max()), rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", list(CASES))
 def test_32_greedy_tokens_equal_transformers_generate(
         arch: str, checkpoints: dict[str, tuple[Path, Any]], engines: dict[str, Path]) -> None:
