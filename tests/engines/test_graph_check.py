@@ -77,6 +77,7 @@ def engine_dir(request: pytest.FixtureRequest, engines: dict[str, Path],
     return dst
 
 
+@pytest.mark.slow
 def test_quantized_table_names_the_hidden_size(tmp_path: Path) -> None:
     """An int8/int4 engine's embedding table is 8-bit codes [V, blocks, block]: the hidden
     size the manifest states is checked against blocks x block."""

@@ -51,6 +51,7 @@ def _teacher_forced(engine: AnyEngine, prompts: np.ndarray, steps: int) -> np.nd
     return np.concatenate(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", list(CASES))
 def test_fp8_decode_within_tolerance_of_fp32(arch: str, engines: dict[str, Path],
                                              kv_engines: dict[tuple[str, str], Path]) -> None:

@@ -135,6 +135,7 @@ def test_float_weights_are_prepacked_where_steps_hold_several_tokens(
     assert _packs(engine) is packs
 
 
+@pytest.mark.slow
 def test_a_gated_engine_decoding_plain_under_auto_is_not_prepacked(gated_engine: Path) -> None:
     """auto decodes a gated engine plain (drafts would run its FFNs unskipped), one token a
     step: its fp32 weights stay unpacked; an explicit prepack wins either way."""

@@ -182,6 +182,7 @@ def test_bad_options_refused(opts: dict[str, Any], match: str, tmp_path: Path) -
         export(EDGE_TINY, tmp_path, ExportOptions(**opts))
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_trained_gates_are_kept_where_dropping_them_costs_too_much(tmp_path: Path) -> None:
     """A checkpoint trained with gates: fp16 KV on the fused graph; its trained gates
@@ -214,6 +215,7 @@ def test_the_demo_model_has_no_gates_its_engine_decodes_fast(tmp_path: Path) -> 
     assert not any(t.name == "ffn_allow_skip" for t in m.inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_export_prints_the_choice_in_one_line(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:

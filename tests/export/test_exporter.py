@@ -44,6 +44,7 @@ def test_logits_match_transformers(arch: str, checkpoints: dict[str, tuple[Path,
     np.testing.assert_allclose(mine, ref, atol=1e-4 * max(1.0, np.abs(ref).max()), rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", list(CASES))
 def test_32_greedy_tokens_equal_transformers_generate(
         arch: str, checkpoints: dict[str, tuple[Path, Any]], engines: dict[str, Path]) -> None:
@@ -162,6 +163,7 @@ def _step_logits(engine: Any, ids: list[int], tokens: list[int]) -> np.ndarray:
     return np.stack(out) if out else np.zeros((0, engine.manifest.dims.vocab_size), np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("arch", list(WINDOWED))
 def test_windowed_families_match_transformers(
@@ -196,6 +198,7 @@ def test_windowed_families_match_transformers(
         assert g.token_ids == greedy[:n]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gemma3", "mistral"])
 def test_the_window_changes_what_lies_beyond_it(arch: str, tmp_path: Path) -> None:
     """The same weights with a window of 8 and with one wider than the sequence: equal

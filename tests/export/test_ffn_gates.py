@@ -128,6 +128,7 @@ def calib_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_calibration_stays_within_budget_on_held_out_text(
         checkpoints: dict[str, tuple[Path, Any]], engines: dict[str, Path], calib_text: Path,
         tmp_path: Path) -> None:

@@ -85,6 +85,7 @@ def _engine_cases() -> list[tuple[str, str, str]]:
         ("llama", "int8", "fp32"), ("llama", "int4", "fp32")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _engine_cases(), ids="-".join)
 def test_manifest_records_the_quantization_and_parity(
         case: tuple[str, str, str], quantized: dict[tuple[str, str, str], Path]) -> None:
@@ -231,6 +232,7 @@ def test_linear_weights_shrink(quantized: dict[tuple[str, str, str], Path],
         assert size < bound * fp32_file, (weights, size, fp32_file)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv,products", [("fp8", 3), ("fp16", 2)])  # generic, fused
 def test_ffn_branches_are_quantized_and_still_skip(kv: str, products: int,
                                                    tmp_path: Path) -> None:
@@ -285,6 +287,7 @@ def test_option_errors(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path)
         export(path, tmp_path, ExportOptions(weights="int4", lm_head_bits=2))
 
 
+@pytest.mark.slow
 def test_cli_int4_with_a_4_bit_head(checkpoints: dict[str, tuple[Path, Any]], tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "engine"
@@ -299,6 +302,7 @@ def test_cli_int4_with_a_4_bit_head(checkpoints: dict[str, tuple[Path, Any]], tm
     assert q is not None and q["lm_head_bits"] == 4 and q["accuracy"]["mean_kl"] > 0
 
 
+@pytest.mark.slow
 def test_cli_int4_block_64_then_generate_json(checkpoints: dict[str, tuple[Path, Any]],
                                               tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:

@@ -112,6 +112,7 @@ SHORT = {"input": {"description": "Pump P1 runs while the level is below 2 m.",
                    "name": "P_Pump", "pou_type": "PROGRAM"}, "max_tokens": 3}
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_a_journal_deleted_under_a_running_daemon_stops_it(
         tmp_path: Path, broker: Broker, edge_engine: Path,

@@ -376,6 +376,7 @@ def test_hostile_commands_are_answered_with_nothing() -> None:
     assert node.decode("spBv1.0/Plant1/NCMD/other", _ncmd(True)).kind == ""
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_a_broker_restart_reconnects_through_the_shared_loop(
         broker: LocalBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

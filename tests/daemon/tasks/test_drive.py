@@ -165,6 +165,7 @@ def _served(runner: TaskRunner, asked: list[tuple[str, Any]], policy: RetryPolic
     return asyncio.run(asyncio.wait_for(body(), 600))
 
 
+@pytest.mark.slow
 def test_the_scheduler_and_run_give_the_same_answers(runner: Faulty) -> None:
     """One driver: the same greedy tokens, the same validation, the same retries."""
     asked = [*_levels(5, 50), ("probe", PROBE_INPUT), *_levels(95),
