@@ -68,6 +68,7 @@ def test_fp8_decode_within_tolerance_of_fp32(arch: str, engines: dict[str, Path]
 
 @pytest.mark.parametrize("kv,dtype,storage", [("fp16", "float16", np.float16),
                                               ("fp8", "float8_e4m3fn", np.uint8)])
+@pytest.mark.slow
 def test_manifest_kv_dtype_sizes_the_buffers(kv: str, dtype: str, storage: type,
                                              kv_engines: dict[tuple[str, str], Path]) -> None:
     engine = load_engine(kv_engines["qwen2", kv])

@@ -215,6 +215,7 @@ def _greedy_set(x: np.ndarray) -> set[int]:
 @pytest.mark.integration
 @pytest.mark.parametrize("mask_name", MASKS)
 @pytest.mark.parametrize("row_name", ROWS)
+@pytest.mark.slow
 def test_every_accepted_value_samples(real: dict[str, np.ndarray], row_name: str,
                                       mask_name: str | None) -> None:
     logits = real[f"row:{row_name}"]

@@ -109,6 +109,7 @@ def test_manifest_records_the_quantization_and_parity(
 
 
 @pytest.mark.parametrize("case", _engine_cases(), ids="-".join)
+@pytest.mark.slow
 def test_logits_close_to_transformers(case: tuple[str, str, str],
                                       checkpoints: dict[str, tuple[Path, Any]],
                                       quantized: dict[tuple[str, str, str], Path]) -> None:

@@ -217,6 +217,7 @@ def _stages(sh: Shape, text: str) -> list[Any]:
 
 
 @pytest.mark.parametrize("which", ["corpus", "corpus2"])
+@pytest.mark.slow
 def test_answers_fit_their_shapes(which: str, request: pytest.FixtureRequest,
                                   tasks: dict[str, Task]) -> None:
     """A diagnosis or fault-tree answer is one the request's narrowed grammar writes: it

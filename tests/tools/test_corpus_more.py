@@ -57,6 +57,7 @@ def test_public_builder_matches() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(MORE))
+@pytest.mark.slow
 def test_every_sample_valid_and_right(name: str, task: Task) -> None:
     descriptions = set()
     for seed in SEEDS:
@@ -366,6 +367,7 @@ def test_every_archetype_has_vectors() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(MORE))
+@pytest.mark.slow
 def test_behaviour(name: str) -> None:
     for seed in BEHAVIOUR_SEEDS:
         _, output, params = _sample(name, seed)
@@ -374,6 +376,7 @@ def test_behaviour(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(MORE))
+@pytest.mark.slow
 def test_behaviour_in_served_form(name: str) -> None:
     """Put in the form rung serves (the stated values read from the setpoints code
     declares), a sample behaves as before."""

@@ -360,6 +360,7 @@ def test_replies_to_one_request_are_not_connection_failures() -> None:
 
 
 @pytest.mark.parametrize("frame", ["tid", "pid", "length", "garbage"])
+@pytest.mark.slow
 def test_bad_frames_are_never_taken_for_an_answer(frame: str) -> None:
     async def scenario() -> None:
         async with SimPlc() as sim:

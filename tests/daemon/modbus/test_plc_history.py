@@ -67,6 +67,7 @@ def runner(edge_engine: Path) -> TaskRunner:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_plc_triggered_diagnosis_gets_the_kept_history(runner: TaskRunner,
                                                          tmp_path: Path) -> None:
     async def scenario() -> None:

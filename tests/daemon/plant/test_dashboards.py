@@ -165,6 +165,7 @@ def _plc_families() -> dict[str, str]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_every_queried_series_is_exported_by_rung_serve(
         served: tuple[Requester, int]) -> None:
     req, port = served

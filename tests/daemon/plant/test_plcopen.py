@@ -38,6 +38,7 @@ POUS = [*GOOD.values(), *_corpus()]
 
 
 @pytest.mark.parametrize("edition", [2, 3])
+@pytest.mark.slow
 def test_round_trip_over_the_repository_pous(schema: xmlschema.XMLSchema, edition: int) -> None:
     for pou in POUS:
         text = to_plcopen_xml(pou, edition)
@@ -289,6 +290,7 @@ def test_generate_writes_no_file_for_an_answer_that_is_not_ok(
     (["--task", "diagnosis", "--input", "{}"], "task diagnosis does not answer with a POU"),
     (["--task", "st_code", "--input", MOTOR_INPUT, "--st-edition", "4"], "invalid choice"),
 ])
+@pytest.mark.slow
 def test_generate_plcopen_usage_errors(edge_engine: Path, tmp_path: Path, args: list[str],
                                        message: str) -> None:
     r = subprocess.run([sys.executable, "-m", "rung.daemon", "generate", str(edge_engine),

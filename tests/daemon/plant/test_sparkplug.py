@@ -68,6 +68,7 @@ async def _kinds(host: Host, kinds: list[str], start: int = 0) -> list[Any]:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+@pytest.mark.slow
 def test_edge_node_session_on_a_real_broker(broker: LocalBroker, host: Host, tmp_path: Path,
                                            protocol: str) -> None:
     bd_file = tmp_path / "state" / "sparkplug-bdseq"

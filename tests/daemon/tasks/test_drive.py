@@ -193,6 +193,7 @@ def _generate(task_engine: Path, tasks_dir: Path, task: str, data: Any,
             "--input", json.dumps(data), *extra]
 
 
+@pytest.mark.slow
 def test_generate_task_retries_as_the_daemon_does(task_engine: Path, tasks_dir: Path,
                                                   tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:

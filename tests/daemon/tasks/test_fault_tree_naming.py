@@ -160,6 +160,7 @@ def test_every_tree_the_grammar_closes_names_enough_components(runner: TaskRunne
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_the_demo_model_names_the_components(runner: TaskRunner) -> None:
     """The hand-written requests' kind of system: the demo model's trees, unshaped, named
     none of the listed components; under the shape every closed tree passes the check."""
