@@ -248,21 +248,28 @@ class _Stages:
 
 def _events_written(text: str) -> list[dict[str, Any]]:
     """The basic events the text has written whole (past ``EVENTS_MARK``)."""
+    events, _, _ = _whole_items(text, text.find(EVENTS_MARK) + len(EVENTS_MARK))
+    return [e for e in events if isinstance(e, dict)]
+
+
+def _whole_items(text: str, at: int) -> tuple[list[Any], int, bool]:
+    """The items of the JSON array whose text starts at ``at`` (past its ``[``) that are
+    written whole, where the whole ones end, and whether the array is closed."""
     decoder = json.JSONDecoder()
-    i = text.find(EVENTS_MARK) + len(EVENTS_MARK)
-    written: list[dict[str, Any]] = []
+    items: list[Any] = []
+    i = at
     while i < len(text):
+        if text[i] == "]":
+            return items, i, True
         if text[i] in ", ":
             i += 1
             continue
         try:
-            event, i = decoder.raw_decode(text, i)
+            item, i = decoder.raw_decode(text, i)
         except json.JSONDecodeError:
             break
-        if not isinstance(event, dict):
-            break
-        written.append(event)
-    return written
+        items.append(item)
+    return items, i, False
 
 
 def naming_pattern(names: tuple[str, ...]) -> str:
@@ -281,27 +288,16 @@ def _literal(text: str) -> str:
 def _gates_written(text: str, at: int) -> tuple[list[tuple[str, list[str]]], bool]:
     """From the text of the gates array (from ``at``, past its ``[``): the gates whose
     inputs are written (each one's id and inputs), and whether the array is closed."""
-    decoder = json.JSONDecoder()
-    written: list[tuple[str, list[str]]] = []
-    i = at
-    while i < len(text):
-        if text[i] == "]":
-            return written, True
-        if text[i] == ",":
-            i += 1
-            continue
-        try:
-            gate, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            break
-        if isinstance(gate, dict):
-            written.append((str(gate.get("id")), _ids(gate.get("inputs"))))
+    gates, i, closed = _whole_items(text, at)
+    written = [(str(g.get("id")), _ids(g.get("inputs"))) for g in gates if isinstance(g, dict)]
+    if closed:
+        return written, True
     rest = text[i:]
     gid = _ID_KEY.match(rest)
     cut = rest.find(_INPUTS + "[")
     if gid is not None and cut >= 0:
         try:
-            inputs, _ = decoder.raw_decode(rest, cut + len(_INPUTS))
+            inputs, _ = json.JSONDecoder().raw_decode(rest, cut + len(_INPUTS))
         except json.JSONDecodeError:
             return written, False
         written.append((gid.group(1), _ids(inputs)))
