@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from rung.daemon.tasks.quality import Tally, judge
+from rung.daemon.tasks.quality import Tally, Verdict, judge
 from rung.daemon.tasks.runner import (
     FEEDBACK_FORMS,
     RETRY_MODES,
@@ -235,6 +235,17 @@ def _policy(policy: RetryPolicy) -> dict[str, Any]:
             "feedback_sampled": policy.feedback_sampled}
 
 
+def _answer_record(data: dict[str, Any], r: TaskResult, verdict: Verdict) -> dict[str, Any]:
+    """What one hand-written request got: its description, right/valid and why not, the
+    tries, and the last try's text (an ST answer as its POU, else the model's raw text)."""
+    v = r.validation or {}
+    text = v.get("pou_text") or (r.generation.text if r.generation else None)
+    return {"request": data.get("description") or data.get("system") or data.get("symptom")
+            or str(data)[:120],
+            "right": verdict.right, "valid": verdict.valid, "reason": verdict.reason,
+            "attempts": r.attempts, "failed_checks": list(r.failed_checks), "text": text}
+
+
 def handwritten(model_dir: Path, path: Path, policy: RetryPolicy | None = None,
                 opts: ExportOptions | None = None,
                 tasks: tuple[str, ...] = ("st_code", "fault_tree", "diagnosis")
@@ -268,10 +279,13 @@ def handwritten(model_dir: Path, path: Path, policy: RetryPolicy | None = None,
                 t1 = time.perf_counter()
                 results.append(runner.run([(task, data)], SamplingParams(), retry=policy)[0])
                 times.append(time.perf_counter() - t1)
-            for r in results:
+            answers = []
+            for data, r in zip(inputs, results, strict=True):
                 err = r.error or {}
-                quality.add(task, judge(task, r.validation,
-                                        error=f"{err.get('code')}: {err.get('message')}"))
+                verdict = judge(task, r.validation,
+                                error=f"{err.get('code')}: {err.get('message')}")
+                quality.add(task, verdict)
+                answers.append(_answer_record(data, r, verdict))
             entry: dict[str, Any] = {
                 "n": len(inputs), **quality.report()[task],
                 "passed_checks": sum(r.ok for r in results) / len(inputs),
@@ -279,7 +293,8 @@ def handwritten(model_dir: Path, path: Path, policy: RetryPolicy | None = None,
                 "mean_s": (time.perf_counter() - t0) / len(inputs),
                 "p50_s": float(np.percentile(times, 50)), "p95_s": float(np.percentile(times, 95)),
                 **_retries(runner, tally, task),
-                "failures": [(r.error or {}).get("message") for r in results if not r.ok]}
+                "failures": [(r.error or {}).get("message") for r in results if not r.ok],
+                "answers": answers}
             out[task] = entry
     return out
 

@@ -105,10 +105,8 @@ def _st(schema: Schema, data: Mapping[str, Any]) -> Shape:
         return Shape(s)
     # the numbers and durations the request states are the only ones the answer may write
     numbers = st_request.literals(st_request.read(data))
-    if _free_text(item_props.get("initial")):   # a literal, not free text after ':='
-        item_props["initial"] = {**item_props["initial"],
-                                 "pattern": st_grammar.literal_pattern(numbers)}
-        variables["items"] = item
+    if _free_text(item_props.get("initial")):   # a literal of its type, not free text
+        variables["items"] = st_grammar.typed_item(item, numbers)
     if not _free_text(props.get("body")):
         return Shape(s, names=st_grammar.names_at)
     required = set(s.get("required") or ())

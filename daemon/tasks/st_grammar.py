@@ -38,6 +38,7 @@ The validators stay the judge: the grammar is a subset of what they accept, not 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -69,9 +70,6 @@ _UNIT = r"[0-9]+(?:\.[0-9]+)?(?:ms|us|ns|MS|US|NS|d|h|m|s|D|H|M|S)"
 _DURATION = rf"(?:{_UNIT})+"   # no "_" between units: the checker's parser refuses it
 _DIGITS = "[0-9](?:_?[0-9])*"
 _BASED = "2#[01](?:_?[01])*|8#[0-7](?:_?[0-7])*|16#[0-9A-Fa-f](?:_?[0-9A-Fa-f])*"
-# a variable's initial value: one ST literal (the JSON schema pattern of ``initial``)
-LITERAL_PATTERN = (rf"^(TRUE|FALSE|-?{_DIGITS}(\.{_DIGITS})?([eE][+-]?[0-9]+)?|{_BASED}"
-                   rf"|(T|TIME|LTIME)#-?{_DURATION}|'[^'$\\\"]*')$")
 _FIXED = rf"""
 %llguidance {{}}
 sp: SPACE
@@ -203,16 +201,67 @@ def _is_integer_like(type_text: str) -> bool:
     return type_text.upper() in INTEGER_TYPES
 
 
-def literal_pattern(numbers: Sequence[str] | None = None) -> str:
-    """The JSON schema pattern of a variable's initial value: one ST literal; with
-    ``numbers`` (a request's ``st_request.literals``), only those numbers. Durations stay
-    free (``T#1m30s`` is written many ways): the check holds them to the request."""
+# the scalar types an initial value is written for, by the class of literal each takes
+_INITIAL_TYPES = (*sorted(INTEGER_TYPES), "BOOL", "REAL", "LREAL", "TIME", "LTIME", "STRING",
+                  "WSTRING")
+
+
+def _initial_pattern(kind: str, numbers: Sequence[str] | None) -> str | None:
+    """The pattern of an initial value of class ``kind`` (``st_exec.type_kind``): the
+    literals a variable of that class may start with (with ``numbers``, only those numbers;
+    an integer only the whole ones). None: none can be written."""
+    if kind == "bool":
+        return "^(TRUE|FALSE)$"
+    if kind == "time":
+        return rf"^(T|TIME|LTIME)#-?{_DURATION}$"
+    if kind == "string":
+        return r"^'[^'$\\\"]*'$"
     if numbers is None:
-        return LITERAL_PATTERN
-    # number texts are digits and ".": only "." needs escaping
-    nums = "|".join(n.replace(".", r"\.") for n in numbers)
-    return (rf"^(TRUE|FALSE|-?({nums})|(T|TIME|LTIME)#-?{_DURATION}"
-            rf"|'[^'$\\\"]*')$")
+        real = rf"(\.{_DIGITS})?([eE][+-]?[0-9]+)?" if kind == "real" else ""
+        return rf"^(-?{_DIGITS}{real}|{_BASED})$"
+    allowed = [n for n in numbers if kind == "real" or n.isdigit()]
+    if not allowed:
+        return None
+    return "^-?(" + "|".join(n.replace(".", r"\.") for n in allowed) + ")$"
+
+
+def _accepts(type_schema: Any, name: str) -> bool:
+    """Whether a (resolved) string schema for a type accepts the type name ``name``."""
+    if not isinstance(type_schema, dict):
+        return False
+    if "const" in type_schema:
+        return bool(type_schema["const"] == name)
+    if "enum" in type_schema:
+        return name in type_schema["enum"]
+    pattern = type_schema.get("pattern")
+    return type_schema.get("type") == "string" and (
+        pattern is None or re.search(pattern, name) is not None)
+
+
+def typed_item(item: Mapping[str, Any], numbers: Sequence[str] | None = None
+               ) -> dict[str, Any]:
+    """A variable's schema (resolved, with a free-text ``initial``) whose initial value is a
+    literal of its declared type: one branch per class of scalar type the item's ``type``
+    accepts (BOOL ``TRUE``/``FALSE``, an integer a whole number, a REAL a number, a TIME a
+    duration, a STRING a quoted text; with ``numbers``, only those numbers), and one for
+    every other type without an initial value (an FB instance has none). What the
+    interpreter refuses after the fact (``iSetpoint : INT := 6.5``) cannot be written."""
+    props = dict(item.get("properties") or {})
+    type_schema, initial = props.get("type"), props.get("initial") or {}
+    groups: dict[str, list[str]] = {}
+    for name in _INITIAL_TYPES:
+        kind, _ = type_kind(name)
+        if kind in ("bool", "int", "real", "time", "string") and _accepts(type_schema, name):
+            groups.setdefault(kind, []).append(name)
+    branches = []
+    for kind, names in groups.items():
+        pattern = _initial_pattern(kind, numbers)
+        if pattern is not None:
+            branches.append({**item, "properties": {
+                **props, "type": {"enum": names}, "initial": {**initial, "pattern": pattern}}})
+    rest = {k: v for k, v in props.items() if k != "initial"}
+    branches.append({**item, "properties": rest})
+    return {"anyOf": branches}
 
 
 def _number_rule(numbers: Sequence[str] | None) -> list[str]:
@@ -275,7 +324,8 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         writable[ret].append(pou_name)
     values: dict[str, list[str]] = {k: [] for k in KINDS}
     targets: dict[str, list[str]] = {k: [] for k in KINDS}
-    rules = ["start: HEAD gap? block TAIL tail",
+    # at least one statement: the schema's non-empty body, and no POU answers with none
+    rules = ["start: HEAD gap? stmt gap? block TAIL tail",
              f"HEAD: {_lit(head)}",
              'TAIL: "\\""',
              "tail: " + " ".join(_member(*m) for m in after) + ' "}"',

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import llguidance
 import numpy as np
 import pytest
@@ -330,10 +331,54 @@ def test_the_body_writes_only_the_numbers_the_request_states(
     for invented in ("IF rLevel > 1900.0 THEN bValve := TRUE; END_IF;",
                      "IF rLevel > 71.0 THEN bValve := TRUE; END_IF;"):
         assert not _accepts(tokenizer, grammar, _with_body(invented)), invented
-    pattern = shape(ST.output_schema, ST.validators, HYSTERESIS).schema[
-        "properties"]["variables"]["items"]["properties"]["initial"]["pattern"]
-    assert re.match(pattern, "95.0") and re.match(pattern, "0.95")
-    assert re.match(pattern, "T#10s") and not re.match(pattern, "1900.0")
+    item = shape(ST.output_schema, ST.validators, HYSTERESIS).schema[
+        "properties"]["variables"]["items"]
+    accepts = jsonschema.Draft202012Validator(item).is_valid
+    for init in ("95.0", "0.95"):
+        assert accepts({"section": "VAR", "name": "r", "type": "REAL", "initial": init})
+    assert accepts({"section": "VAR", "name": "t", "type": "TIME", "initial": "T#10s"})
+    assert not accepts({"section": "VAR", "name": "r", "type": "REAL", "initial": "1900.0"})
+
+
+def _variable_accepted(tok: llguidance.LLTokenizer, schema: dict[str, Any],
+                       variable: dict[str, str]) -> bool:
+    """Whether the shaped schema, as llguidance decodes it, lets an answer declare
+    ``variable``."""
+    props = schema["properties"]
+    answer = {"pou_type": props["pou_type"]["const"], "name": props["name"]["const"],
+              "variables": [variable], "body": "x := 1;"}
+    m = llguidance.LLMatcher(tok, llguidance.grammar_from("json", json.dumps(schema)))
+    ids = tok.tokenize_str(compact(answer))
+    return m.try_consume_tokens(ids) == len(ids) and m.is_accepting()
+
+
+def test_an_initial_value_is_a_literal_of_the_declared_type(
+        tokenizer: llguidance.LLTokenizer) -> None:
+    """The finding: an answer declared ``iSetpoint : INT := 6.5``, which the interpreter
+    refuses; a BOOL started at ``70.0`` and a timer with an initial value are as wrong. Each
+    class of type takes its own literals, still only the request's numbers."""
+    schema = shape(ST.output_schema, ST.validators, HYSTERESIS).schema
+
+    def ok(vtype: str, initial: str | None = None) -> bool:
+        v = {"section": "VAR", "name": "x", "type": vtype}
+        return _variable_accepted(tokenizer, schema,
+                                  v if initial is None else {**v, "initial": initial})
+
+    assert ok("REAL", "70.0") and ok("LREAL", "35.0") and ok("INT", "70") and ok("INT")
+    assert ok("BOOL", "FALSE") and ok("TIME", "T#5s") and ok("STRING", "'P1'")
+    assert ok("TON") and ok("DINT", "0")
+    for vtype, initial in (("INT", "70.0"), ("INT", "0.7"), ("BOOL", "70.0"),
+                           ("REAL", "TRUE"), ("TIME", "70.0"), ("REAL", "T#5s"),
+                           ("TON", "T#5s"), ("REAL", "1900.0"), ("INT", "1900")):
+        assert not ok(vtype, initial), (vtype, initial)
+
+
+def test_a_body_holds_a_statement(tokenizer: llguidance.LLTokenizer) -> None:
+    """A random model closed the body at once (``"body":""``), which the schema refuses; a
+    body of blanks or comments alone is no POU either."""
+    for empty in ("", " ", "// nothing\n", "(* todo *)"):
+        assert not _accepts(tokenizer, _body_grammar(), _with_body(empty)), empty
+    assert _accepts(tokenizer, _body_grammar(), _with_body("// one\nbValve := FALSE;"))
 
 
 def test_a_var_input_is_never_assigned(tokenizer: llguidance.LLTokenizer) -> None:
