@@ -17,7 +17,7 @@ from pathlib import Path
 
 from machine import machine_info
 
-from rung.daemon.mqtt.journal import Incoming, Journal
+from rung.daemon.journal.store import Incoming, Journal
 
 
 def per_request_ms(root: Path, n: int, checkpoints: bool) -> float:

@@ -171,7 +171,7 @@ def main() -> int:
     config, out = Path(sys.argv[1]), Path(sys.argv[2])
     from rung.daemon import serve as serve_mod
     from rung.daemon.config import load_config
-    from rung.daemon.mqtt import journal
+    from rung.daemon.journal import store as journal
 
     probe = Probe()
     for name in ("_write", "_read", "_checkpoint", "_run_batch"):

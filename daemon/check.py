@@ -55,7 +55,7 @@ def _engine(cfg: Config) -> str:
 
 
 def _state_dir(cfg: Config) -> str:
-    from rung.daemon.mqtt.journal import Journal
+    from rung.daemon.journal.store import Journal
 
     path = cfg.state_dir
     path.mkdir(parents=True, exist_ok=True)

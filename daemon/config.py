@@ -26,7 +26,8 @@ import yaml
 
 from rung.daemon import keyed
 from rung.daemon.keyed import read_yaml
-from rung.daemon.mqtt.topics import MAX_TOPIC_BYTES, text_problem, topic_problem
+from rung.daemon.text import text_problem
+from rung.daemon.topics import MAX_TOPIC_BYTES, topic_problem
 from rung.engines import DEFAULT_MEMORY_BUDGET_MB
 from rung.engines.errors import RungError
 
@@ -438,7 +439,7 @@ def _base_topic(v: Any, key: str) -> str:
 def _mqtt_str(expect: str, max_bytes: int = MAX_TOPIC_BYTES,
               nullable: bool = False) -> keyed.Key:
     """A non-empty string an MQTT broker takes (client id, user name): no control
-    characters, non-characters or surrogates (``topics.text_problem``), at most
+    characters, non-characters or surrogates (``text.text_problem``), at most
     ``max_bytes`` of UTF-8."""
     def conv(v: Any, key: str) -> str:
         if not isinstance(v, str) or not v:

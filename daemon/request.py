@@ -1,8 +1,10 @@
 """The typed request every adapter hands the scheduler, and the one shape of its answer.
 
-An adapter parses its raw input at the edge (``mqtt/requests.py`` for a message, the PLC
-job for a trigger) into a :class:`Request`; the scheduler runs it and hands back an
-:class:`Answer`. A request carries the task, its input, sampling and deadline only: where
+An adapter reads its raw input at the edge through its own entry (``mqtt/requests.py`` for
+a message and ``opcua/call.py`` for a method call, both on the one request form,
+``request_form.py``; the PLC job for a trigger) into a :class:`Request`; the scheduler runs
+it and hands back an :class:`Answer`, which every adapter answers in the one envelope
+(``envelope.py``). A request carries the task, its input, sampling and deadline only: where
 its answer goes and what else its protocol needs stay with the adapter (``mqtt.requests.
 MqttRequest``). Each request has one stable ``uid`` for the life of the process (kept by
 ``dataclasses.replace``), by which the scheduler and the driver match it. The task runner

@@ -17,13 +17,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rung.daemon.config import Config, ConfigError
+from rung.daemon.journal.store import Journal, JournalError
 from rung.daemon.metrics import Metrics
 from rung.daemon.modbus.agent import PlcAgent
 from rung.daemon.modbus.link import Link
 from rung.daemon.modbus.regmap import PlcMap
 from rung.daemon.mqtt.fleet_node import FleetNode
 from rung.daemon.mqtt.intake import MqttIntake
-from rung.daemon.mqtt.journal import Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.outbox import Outbox
 from rung.daemon.plc.handshake import HandshakeAgent
@@ -38,7 +38,7 @@ from rung.engines.errors import RungError
 if TYPE_CHECKING:
     from rung.daemon.opcua.nodemap import NodeMap
     from rung.daemon.opcua.server import RungServer
-    from rung.daemon.plant.sparkplug_link import SparkplugLink
+    from rung.daemon.sparkplug.link import SparkplugLink
 
 log = logging.getLogger("rung.serve")
 VERSION = "0.1.0"
@@ -103,9 +103,9 @@ def plc_agent(cfg: Config, plc: PlcMap | NodeMap, scheduler: Scheduler, outbox: 
 def sparkplug_link(cfg: Config, runner: TaskRunner,
                    plcs: list[PlcMap | NodeMap]) -> SparkplugLink:
     """The Sparkplug B edge node: each PLC a device (its own MQTT client)."""
-    from rung.daemon.plant.sparkplug import EdgeNode
-    from rung.daemon.plant.sparkplug_link import SparkplugLink
-    from rung.daemon.plant.sparkplug_metrics import Device
+    from rung.daemon.sparkplug.link import SparkplugLink
+    from rung.daemon.sparkplug.metrics import Device
+    from rung.daemon.sparkplug.node import EdgeNode
 
     s, m = cfg.sparkplug, runner.engine.manifest
     node = EdgeNode(s.group_id or "", s.edge_node_id or cfg.mqtt.client_id,
@@ -188,7 +188,7 @@ class Service:
 
         c = self.cfg
         return RungServer(c.opcua_server, self.runner.tasks, self.scheduler.submit, status,
-                          c.mqtt.base_topic, c.mqtt.client_id, c.queue.request_timeout_s,
+                          c.mqtt.client_id, c.queue.request_timeout_s,
                           self.journal, c.journal.max_attempts, metrics=self.metrics,
                           st_edition=c.st.edition)
 

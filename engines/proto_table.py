@@ -1,7 +1,7 @@
 """Protobuf message classes from a table of fields, built with the descriptor API in a
 private pool: no generated code to keep in step with the protobuf runtime, nothing that
 clashes with another library registering the same names. Used for the Sparkplug B payload
-(``daemon/plant/sparkplug_pb.py``) and the ONNX fields the engine edits
+(``daemon/sparkplug/pb.py``) and the ONNX fields the engine edits
 (``engines/onnx_pb.py``)."""
 
 from __future__ import annotations

@@ -118,7 +118,8 @@ def test_every_command_and_flag_is_documented_and_nothing_else() -> None:
 
 def _emitted_codes() -> set[str]:
     """Error codes in the daemon's source: the code argument of the calls that answer an
-    error (``fail``, ``error_response``, ``Answer(..., False, CODE``) and ``"code": CODE``."""
+    error (``fail``, ``error_response``, ``Refused``, ``Answer(..., False, CODE``) and
+    ``"code": CODE``."""
     codes: set[str] = set()
     for module, path in module_files().items():
         if not module.startswith("rung.daemon"):
@@ -134,7 +135,7 @@ def _emitted_codes() -> set[str]:
             name = getattr(node.func, "attr", getattr(node.func, "id", ""))
             args = [a.value for a in node.args if isinstance(a, ast.Constant)]
             strings = [a for a in args if isinstance(a, str)]
-            if name.lstrip("_") in ("fail", "error_response"):
+            if name.lstrip("_") in ("fail", "error_response", "Refused"):
                 codes.update(s for s in strings[:1] if re.fullmatch(r"[a-z_]+", s))
             elif (name == "Answer" and len(node.args) > 2
                   and isinstance(node.args[1], ast.Constant) and node.args[1].value is False

@@ -84,7 +84,7 @@ from typing import Any
 import aiomqtt
 
 from rung.daemon.config import MQTTConfig
-from rung.daemon.mqtt.journal import Entry, Journal, JournalError
+from rung.daemon.journal.store import Entry, Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.oversize import Oversize
 from rung.daemon.wallclock import from_iso, iso

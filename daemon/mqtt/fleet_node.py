@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from rung.daemon.config import Config
+from rung.daemon.journal.store import Journal
 from rung.daemon.mqtt.fleet import Fleet
 from rung.daemon.mqtt.intake import MqttIntake
-from rung.daemon.mqtt.journal import Journal
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.scheduler import Scheduler
 from rung.daemon.supervise import Supervisor, spawn

@@ -29,19 +29,20 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from rung.daemon import envelope
+from rung.daemon import request_form as form
 from rung.daemon.config import Config
+from rung.daemon.journal.store import Entry, Incoming, Journal, JournalError
 from rung.daemon.metrics import Metrics
 from rung.daemon.mqtt import requests as rq
-from rung.daemon.mqtt.journal import Entry, Incoming, Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.outbox import Outbox
 from rung.daemon.mqtt.requests import Address, MqttRequest
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer, Scheduler
-from rung.engines.errors import RungError, brief
+from rung.engines.errors import brief
 
 log = logging.getLogger("rung.serve")   # the ``answered`` lines keep their logger (docs/mqtt.md)
-USAGE_CORE, USAGE_KEYS = rq.USAGE_CORE, rq.USAGE_KEYS   # the wire's usage (requests.py)
 
 
 class MqttIntake:
@@ -100,8 +101,8 @@ class MqttIntake:
             parsed = rq.parse(provisional, mq.base_topic, mq.client_id, self.tasks,
                               mq.max_payload_bytes, self.cfg.queue.request_timeout_s)
             if isinstance(parsed, rq.Failure):
-                answer = (parsed.reply.topic, rq.error_response(
-                    parsed.reply, parsed.task, parsed.code, parsed.message))
+                answer = (parsed.reply.topic, envelope.error_response(
+                    parsed.reply.id, parsed.task, parsed.code, parsed.message))
         except Exception:   # routed (and answered) from the recorded row as usual
             parsed = None
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -199,8 +200,8 @@ class MqttIntake:
         entry = Entry(0, msg.topic, msg.payload, msg.response_topic, msg.correlation,
                       time.time(), None)
         reply = self._reply(entry, peek=True)
-        payload = rq.error_response(reply, _task(entry), "unavailable",
-                                    f"request not accepted: {err.message}; retry later")
+        payload = envelope.error_response(reply.id, _task(entry), "unavailable",
+                                          f"request not accepted: {err.message}; retry later")
         self.metrics.observe_request(None, "unavailable")
         self.outbox.direct(reply, payload)
 
@@ -266,7 +267,7 @@ class MqttIntake:
         """Where to answer a request that was not parsed (``peek``: use what its payload
         says, when it is a JSON object)."""
         mq = self.cfg.mqtt
-        doc = rq.peek(entry.payload, mq.max_payload_bytes) if peek else {}
+        doc = form.peek(entry.payload, mq.max_payload_bytes) if peek else {}
         return rq.reply_address(entry, mq.base_topic, mq.client_id, doc)
 
     # -- answers -------------------------------------------------------------------------
@@ -278,38 +279,18 @@ class MqttIntake:
     def _answer(self, m: MqttRequest, a: Answer) -> None:
         """An MQTT request's answer: recorded, then published by the outbox."""
         req = m.request
-        usage = rq.wire_usage(a)
+        usage = envelope.wire_usage(a)
         if a.ok:
-            payload = answer_payload(m.reply, a, m.output_formats, self.cfg.st.edition, usage)
+            payload = envelope.answer_payload(m.reply.id, a, m.output_formats,
+                                              self.cfg.st.edition, usage)
             self.outbox.record(m.seq, m.reply, payload)
             log.info("answered", extra={"rung_fields": {
                 "seq": m.seq, "task": req.task, "ok": True, "id": m.reply.id,
                 "session": req.session, **usage}})
             return
         self.outbox.answer_error(m.seq, m.reply, req.task, a.code or "internal",
-                                 a.message, req.received, rq.error_extra(a, usage),
+                                 a.message, req.received, envelope.error_extra(a, usage),
                                  req.session)
-
-
-def answer_payload(reply: Address, a: Answer, output_formats: tuple[str, ...], edition: int,
-                   usage: dict[str, Any] | None = None) -> bytes:
-    """The answer envelope of every adapter (this intake, the OPC UA server): the ok form
-    with its usage, tries and the extra forms the request asked for (``output_formats``),
-    or the error form with what a failed answer carries (``requests.error_extra``).
-    ``usage``: the answer's wire usage when the caller has it already."""
-    usage = rq.wire_usage(a) if usage is None else usage
-    if not a.ok:
-        return rq.error_response(reply, a.request.task, a.code or "internal", a.message,
-                                 rq.error_extra(a, usage))
-    extra: dict[str, Any] = {"attempts": a.attempts}
-    if "plcopen_xml" in output_formats:
-        from rung.daemon.plant.plcopen import to_plcopen_xml
-
-        try:
-            extra["output_formats"] = {"plcopen_xml": to_plcopen_xml(a.output, edition)}
-        except RungError as e:   # the answer stands; the extra form says why it is missing
-            extra["output_formats"] = {"plcopen_xml": None, "error": e.message}
-    return rq.ok_response(reply, a.request.task, a.output, a.validation, usage, extra)
 
 
 def _numbered(parsed: MqttRequest | rq.Failure | None,

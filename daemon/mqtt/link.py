@@ -17,7 +17,7 @@ so a node's own status coming back still fences what the broker sent before it. 
 (the journal's ``settled``) is awaited before every publish.
 
 Every foreign error becomes ``aiomqtt.MqttError`` handling here: the reconnect policy lives
-in one loop, :func:`keep_connected`, which the Sparkplug link (``plant/sparkplug_link.py``)
+in one loop, :func:`keep_connected`, which the Sparkplug link (``sparkplug/link.py``)
 runs too with its own client and session.
 
 In a fleet (``mqtt.shared_group``) the link takes requests through the shared subscription
@@ -49,8 +49,8 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from rung.daemon.backoff import Backoff
 from rung.daemon.config import MQTTConfig
+from rung.daemon.journal.store import Incoming
 from rung.daemon.metrics import Metrics
-from rung.daemon.mqtt.journal import Incoming
 
 log = logging.getLogger("rung.mqtt")
 

@@ -17,14 +17,14 @@ import logging
 import time
 from typing import Any
 
+from rung.daemon import envelope
 from rung.daemon.backoff import Backoff
+from rung.daemon.journal.store import Journal, JournalError
 from rung.daemon.metrics import Metrics
-from rung.daemon.mqtt import requests as rq
-from rung.daemon.mqtt.journal import Journal, JournalError
 from rung.daemon.mqtt.link import MQTTLink
 from rung.daemon.mqtt.requests import Address
-from rung.daemon.mqtt.topics import topic_problem
 from rung.daemon.supervise import spawn
+from rung.daemon.topics import topic_problem
 
 log = logging.getLogger("rung.serve")
 PUBLISH_ATTEMPTS = 3   # publishes of one answer that end the connection before it is dropped
@@ -53,7 +53,8 @@ class Outbox:
                      message: str, received: float, extra: dict[str, Any] | None = None,
                      session: str | None = None, note: str | None = None) -> None:
         """Record and send an error answer (logged as ``answered``)."""
-        self.record(seq, reply, rq.error_response(reply, task, code, message, extra), note)
+        self.record(seq, reply, envelope.error_response(reply.id, task, code, message, extra),
+                    note)
         log.info("answered", extra={"rung_fields": {
             "seq": seq, "task": task, "ok": False, "code": code, "error": message,
             "id": reply.id, "session": session,

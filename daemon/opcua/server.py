@@ -12,23 +12,22 @@ Address space (namespace ``urn:rung:{client_id}:api``, index 2)::
           Ready: Boolean, QueueDepth: UInt32, InFlight: UInt32, Engine: String,
           Tasks: String (JSON list)
 
-``request`` is the task's input object as JSON, or the whole request form of an MQTT
-request (``{"input": {...}, "max_tokens": ..., "session": ...}``, docs/mqtt.md); ``answer``
-is the MQTT answer, built by the one answer envelope of every adapter
-(``mqtt.intake.answer_payload``: ``output_formats`` too). A call is parsed by the MQTT
-adapter's own ``requests.parse`` (the field and input checks) under the server's own size
-cap (``opcua_server.max_request_bytes``: ``too_large``) and answered through the same
-scheduler (its bounded queue: ``busy``; ``queue.request_timeout_s``: ``expired``); the
-method returns when the answer is there, so the client's call timeout must allow a
-generation. A ``request`` that is not a String is answered ``bad_request`` naming the type
-it was; no argument, or more than one, is the status BadArgumentsMissing /
-BadTooManyArguments. Every call's answer is one ``answered`` log line (``rung.serve``, as
-MQTT's, with ``via: opcua``), and what MQTT counts in ``rung_requests_total`` beside the
-scheduler's answers is counted here too (refused at the edge, ``busy``, ``duplicate``,
-``unavailable``).
+``request`` is the task's input object as JSON, or the whole request form
+(``{"input": {...}, "max_tokens": ..., "id": ...}``, docs/contract.md), read by the server's
+own entry (``call.py``: the request form every adapter reads, under
+``opcua_server.max_request_bytes``: ``too_large``); ``answer`` is the one answer envelope
+of every adapter (``daemon/envelope.py``: ``output_formats`` too). A call is answered
+through the same scheduler as MQTT's requests (its bounded queue: ``busy``;
+``queue.request_timeout_s``: ``expired``); the method returns when the answer is there, so
+the client's call timeout must allow a generation. A ``request`` that is not a String is
+answered ``bad_request`` naming the type it was; no argument, or more than one, is the
+status BadArgumentsMissing / BadTooManyArguments. Every call's answer is one ``answered``
+log line (``rung.serve``, as MQTT's, with ``via: opcua``), and what MQTT counts in
+``rung_requests_total`` beside the scheduler's answers is counted here too (refused at the
+edge, ``busy``, ``duplicate``, ``unavailable``).
 
-Calls are journaled as MQTT requests are (``daemon/mqtt/journal.py``): recorded before they
-run (topic ``opcua:{base}/req/{task}``, the canonical JSON payload), the start counted, the
+Calls are rows of the daemon's journal (``daemon/journal/``): recorded before they run
+(address ``opcua:{task}``, the call's canonical request form), the start counted, the
 answer kept (``Journal.settle``: never published). A call names itself with the request
 form's ``id`` (one is assigned, ``opcua-<hex>``, and echoed when it has none): a call
 repeated with the same id and request (after a client timeout, a dropped session, a
@@ -51,7 +50,6 @@ import itertools
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -60,10 +58,10 @@ from typing import TYPE_CHECKING, Any
 from asyncua import ua
 from asyncua.crypto.permission_rules import User, UserRole
 
+from rung.daemon import envelope
+from rung.daemon import request_form as form
 from rung.daemon.config import OpcUaServerConfig
-from rung.daemon.mqtt import requests as rq
-from rung.daemon.mqtt.intake import answer_payload
-from rung.daemon.mqtt.journal import (
+from rung.daemon.journal.store import (
     OPCUA_PREFIX,
     Entry,
     Incoming,
@@ -71,6 +69,7 @@ from rung.daemon.mqtt.journal import (
     JournalError,
     dedupe_key,
 )
+from rung.daemon.opcua import call as calls
 from rung.daemon.opcua.guard import Guard, GuardedServer, policy_types
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer
@@ -85,10 +84,6 @@ log = logging.getLogger("rung.opcua")
 answers = logging.getLogger("rung.serve")   # the ``answered`` lines, as MQTT's
 logging.getLogger("asyncua").setLevel(logging.CRITICAL)   # rung says what matters itself
 METHODS = {"GenerateST": "st_code", "BuildFaultTree": "fault_tree", "Diagnose": "diagnosis"}
-# the canonical form of a request (an id added, the input wrapped) may be this much longer
-# than the text the client sent, which alone is held to opcua_server.max_request_bytes
-_CANONICAL_ROOM = 1024
-_NOWHERE = rq.Address("", None, None)   # the reply address of a call refused unparsed
 # (request, recovered, on_start: told when the model is about to start on it)
 Submit = Callable[[Request, bool, Callable[[Request], object]],
                   "asyncio.Future[Answer] | None"]
@@ -137,19 +132,18 @@ class RungServer:
     """rung's OPC UA server; ``run`` serves until cancelled.
 
     ``status()`` gives the status nodes' values (``ready``, ``queue_depth``, ``inflight``,
-    ``engine``, ``tasks``); ``base_topic``/``client_id`` name requests as MQTT would.
+    ``engine``, ``tasks``); ``client_id`` names the server's namespace.
     ``metrics``: where the calls refused before the scheduler are counted (the scheduler's
     answers are counted by its own callback); ``st_edition``: ``st.edition``, for
     ``output_formats``; the input limit is ``cfg.max_request_bytes``."""
 
     def __init__(self, cfg: OpcUaServerConfig, tasks: Mapping[str, Any], submit: Submit,
-                 status: Callable[[], dict[str, Any]], base_topic: str, client_id: str,
+                 status: Callable[[], dict[str, Any]], client_id: str,
                  timeout_s: float = 300.0,
                  journal: Journal | None = None, max_attempts: int = 3, *,
                  metrics: Metrics | None = None, st_edition: int = 3) -> None:
         self.cfg, self.tasks, self.submit, self.status = cfg, tasks, submit, status
-        self.base, self.client_id = base_topic, client_id
-        self.max_payload = cfg.max_request_bytes + _CANONICAL_ROOM   # for requests.parse
+        self.client_id = client_id
         self.timeout_s = timeout_s
         self.journal, self.max_attempts = journal, max_attempts
         self.metrics, self.st_edition = metrics, st_edition
@@ -257,8 +251,8 @@ class RungServer:
         status = ua.StatusCode(code)
         message = (f"{method} takes one argument, request (a String: the request as JSON), "
                    f"got {n} ({status.name})")
-        self._said(next(self._calls), task, rq.error_response(
-            _NOWHERE, task, "bad_request", message).decode(), time.time(), count="bad_request")
+        self._said(next(self._calls), task, envelope.error_response(
+            None, task, "bad_request", message).decode(), time.time(), count="bad_request")
         return status
 
     async def answer(self, task: str, request: Any) -> str:
@@ -269,49 +263,30 @@ class RungServer:
         for the run in progress) instead of a second run; the answer in MQTT's answer
         form."""
         seq, now = next(self._calls), time.time()
-        text, problem = _request_text(request)
-        if problem is not None:
-            return self._said(seq, task, rq.error_response(
-                _NOWHERE, task, "bad_request", problem).decode(), now, count="bad_request")
-        payload = text.encode("utf-8", "surrogatepass")
-        limit = self.cfg.max_request_bytes
-        if len(payload) > limit:
-            return self._said(seq, task, rq.error_response(
-                _NOWHERE, task, "too_large", f"request of {len(payload)} bytes exceeds the "
-                f"limit of {limit} (opcua_server.max_request_bytes)").decode(), now,
-                count="too_large")
-        try:   # the request form, canonical
-            doc = json.loads(payload)
-        except (ValueError, RecursionError):
-            doc = None
-        if isinstance(doc, dict):
-            if "input" not in doc:   # the input object alone
-                doc = {"input": doc}
-            if self.journal is not None and doc.get("id") is None:
-                doc["id"] = f"opcua-{uuid.uuid4().hex}"
-            # canonical: the same request (input, id, fields) is the same payload
-            payload = json.dumps(doc, ensure_ascii=False, sort_keys=True,
-                                 separators=(",", ":")).encode("utf-8", "surrogatepass")
-        topic = f"{self.base}/req/{task}"
-        parsed = rq.parse(Entry(seq, topic, payload, None, None, now, None), self.base,
-                          self.client_id, self.tasks, self.max_payload, self.timeout_s)
-        if isinstance(parsed, rq.Failure):   # refused at the edge: nothing to record
-            return self._said(seq, task, rq.error_response(
-                parsed.reply, task, parsed.code, parsed.message).decode(), now,
-                count=parsed.code)
+        text = calls.argument_text(request)
+        payload = text if isinstance(text, form.Refused) else calls.canonical(
+            text, self.cfg.max_request_bytes, assign_id=self.journal is not None)
+        read = payload if isinstance(payload, form.Refused) else calls.read(
+            task, payload, self.tasks, limit=self.cfg.max_request_bytes, received=now,
+            deadline=now + self.timeout_s, seq=seq)
+        if isinstance(read, form.Refused):   # refused at the edge: nothing to record
+            return self._said(seq, task, envelope.error_response(
+                form.own_id(read.doc), task, read.code, read.message).decode(), now,
+                count=read.code)
         if self.journal is None:
-            return await self._run(parsed, seq)
-        msg = self._incoming(OPCUA_PREFIX + topic, payload)
+            return await self._run(read, seq)
+        msg = self._incoming(read.address, read.payload)
         key = dedupe_key(msg)
         running = self._inflight.get(key)
         if running is None:
-            running = self._track(key, self._journaled(msg, parsed, now))
+            running = self._track(key, self._journaled(msg, read, now))
         return await asyncio.shield(running)
 
     # -- the journal -----------------------------------------------------------------------
 
     def _incoming(self, topic: str, payload: bytes) -> Incoming:
-        return Incoming(topic, payload, claimed_id=rq.claimed_id(payload, self.max_payload))
+        return Incoming(topic, payload,
+                        claimed_id=calls.claimed_id(payload, self.cfg.max_request_bytes))
 
     def _track(self, key: str, work: Coroutine[Any, Any, str]) -> asyncio.Task[str]:
         """Run one journaled call as a task of its own: a caller that goes away (a client
@@ -325,7 +300,7 @@ class RungServer:
         task.add_done_callback(done)
         return task
 
-    async def _journaled(self, msg: Incoming, parsed: rq.MqttRequest, now: float) -> str:
+    async def _journaled(self, msg: Incoming, call: calls.Call, now: float) -> str:
         """Record the call, then run it; a duplicate of a kept row gets its answer."""
         journal = self.journal
         assert journal is not None
@@ -333,24 +308,24 @@ class RungServer:
             entry = await journal.record_soon(msg, now) if journal.attached \
                 else journal.record(msg, now)
         except JournalError as e:
-            self._count(parsed.request.task, "unavailable", now)
-            return rq.error_response(parsed.reply, parsed.request.task, "unavailable",
-                                     f"request not accepted: {e.message}; retry later"
-                                     ).decode()
+            self._count(call.task, "unavailable", now)
+            return envelope.error_response(call.form.id, call.task, "unavailable",
+                                           f"request not accepted: {e.message}; retry later"
+                                           ).decode()
         if entry is not None:
-            return await self._run(replace(parsed, seq=entry.seq), entry.seq)
+            return await self._run(call, entry.seq)
         row = journal.find(msg)
         if row is not None and row.response is not None:
             log.info("opcua call answered from the journal", extra={"rung_fields": {
-                "seq": row.seq, "id": parsed.reply.id, "task": parsed.request.task}})
-            self._count(parsed.request.task, "duplicate", now)
+                "seq": row.seq, "id": call.form.id, "task": call.task}})
+            self._count(call.task, "duplicate", now)
             return bytes(row.response).decode("utf-8", "replace")
         if row is not None:   # pending, not running here (its answer could not be kept)
             return await self._recovered(row)
-        self._count(parsed.request.task, "unavailable", now)
-        return rq.error_response(parsed.reply, parsed.request.task, "unavailable",
-                                 "request not accepted (the journal changed meanwhile); "
-                                 "retry later").decode()
+        self._count(call.task, "unavailable", now)
+        return envelope.error_response(call.form.id, call.task, "unavailable",
+                                       "request not accepted (the journal changed "
+                                       "meanwhile); retry later").decode()
 
     def recover(self) -> int:
         """Start-up (after the MQTT intake's ``recover`` attached the journal): run the
@@ -368,13 +343,14 @@ class RungServer:
     async def _recovered(self, e: Entry) -> str:
         """A call recorded before a restart: quarantined after ``max_attempts`` starts,
         else run again from its recorded payload."""
-        parsed = rq.parse(replace(e, topic=e.topic[len(OPCUA_PREFIX):]), self.base,
-                          self.client_id, self.tasks, self.max_payload, self.timeout_s)
-        task = e.topic.rpartition("/")[2]
-        if isinstance(parsed, rq.Failure):
-            text = self._said(e.seq, task, rq.error_response(
-                parsed.reply, task, parsed.code, parsed.message).decode(), e.received,
-                count=parsed.code)
+        task = calls.task_of(e)
+        read = calls.read(task, e.payload, self.tasks, limit=self.cfg.max_request_bytes,
+                          received=e.received, deadline=e.received + self.timeout_s,
+                          seq=e.seq)
+        if isinstance(read, form.Refused):
+            text = self._said(e.seq, task, envelope.error_response(
+                form.own_id(read.doc), task, read.code, read.message).decode(), e.received,
+                count=read.code)
             await self._settle(e.seq, text)
             return text
         if e.attempts >= self.max_attempts:
@@ -384,12 +360,12 @@ class RungServer:
             log.error("opcua call %d %s", e.seq, why)
             if self.metrics is not None:
                 self.metrics.quarantined.inc()
-            text = self._said(e.seq, task, rq.error_response(
-                parsed.reply, task, "internal", why).decode(), e.received,
-                parsed.request.session, count="internal")
+            text = self._said(e.seq, task, envelope.error_response(
+                read.form.id, task, "internal", why).decode(), e.received,
+                read.form.request.session, count="internal")
             await self._settle(e.seq, text, note=why)
             return text
-        return await self._run(parsed, e.seq, recovered=True)
+        return await self._run(read, e.seq, recovered=True)
 
     async def _settle(self, seq: int, text: str, note: str | None = None,
                       keep: bool = True) -> None:
@@ -428,14 +404,14 @@ class RungServer:
 
     # -- running ---------------------------------------------------------------------------
 
-    async def _run(self, parsed: rq.MqttRequest, seq: int, recovered: bool = False) -> str:
+    async def _run(self, call: calls.Call, seq: int, recovered: bool = False) -> str:
         """Through the scheduler; the answer kept in the journal (journaled calls)."""
-        task = parsed.request.task
-        req = replace(parsed.request, ref=f"opcua call {seq}")
+        task = call.task
+        req = replace(call.form.request, ref=f"opcua call {seq}")
         future = self.submit(req, recovered, self.call_started)
         if future is None:   # not kept: the same id may be sent again, and then runs
-            text = self._said(seq, task, rq.error_response(
-                parsed.reply, task, "busy", "queue full; retry later").decode(),
+            text = self._said(seq, task, envelope.error_response(
+                call.form.id, task, "busy", "queue full; retry later").decode(),
                 req.received, req.session, count="busy")
             await self._settle(seq, text, "busy", keep=False)
             return text
@@ -445,8 +421,8 @@ class RungServer:
         finally:
             self._open.pop(req.uid, None)
         # the one envelope of every adapter (counted by the scheduler's callback)
-        text = self._said(seq, task, answer_payload(parsed.reply, a, parsed.output_formats,
-                                                    self.st_edition).decode(),
+        text = self._said(seq, task, envelope.answer_payload(
+            call.form.id, a, call.form.output_formats, self.st_edition).decode(),
                           req.received, req.session)
         await self._settle(seq, text)
         return text
@@ -480,22 +456,6 @@ class RungServer:
         if self.metrics is not None:
             self.metrics.observe_request(task if task in self.tasks else None, outcome,
                                          total_s=time.time() - received)
-
-
-def _request_text(request: Any) -> tuple[str, str | None]:
-    """A call's argument as text, or why it is not one (the type that was expected and
-    the one it was)."""
-    if isinstance(request, ua.Variant):
-        kind = request.VariantType.name
-        if request.is_array:
-            return "", f"request: expected a String (the request as JSON), got an array of {kind}"
-        if request.VariantType != ua.VariantType.String:
-            return "", f"request: expected a String (the request as JSON), got {kind}"
-        request = request.Value
-    if not isinstance(request, str):
-        return "", ("request: expected a String (the request as JSON), got "
-                    f"{'a null String' if request is None else type(request).__name__}")
-    return request, None
 
 
 def _argument(name: str, text: str) -> ua.Argument:

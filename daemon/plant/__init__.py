@@ -1,2 +1,1 @@
-"""Where plant engineers work: PLCopen XML for ST answers, Sparkplug B edge node.
-"""
+"""Where plant engineers work: ST answers as PLCopen XML, in the edition the PLC takes."""

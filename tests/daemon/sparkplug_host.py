@@ -15,7 +15,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from rung.daemon.plant.sparkplug_pb import DataType, Payload
+from rung.daemon.sparkplug.pb import DataType, Payload
 
 
 @dataclass

@@ -19,7 +19,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from rung.daemon.demo.localbroker import free_port
-from rung.daemon.mqtt.journal import Incoming, Journal
+from rung.daemon.journal.store import Incoming, Journal
 from tests.daemon.harness import BASE, Broker, Daemon, Requester, write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

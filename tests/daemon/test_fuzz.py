@@ -17,12 +17,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from rung.daemon import envelope
+from rung.daemon.journal.store import Entry
 from rung.daemon.logs import JsonFormatter
 from rung.daemon.mqtt import requests as rq
-from rung.daemon.mqtt.journal import Entry
-from rung.daemon.mqtt.topics import topic_problem
 from rung.daemon.tasks.runner import TaskResult, TaskRunner
 from rung.daemon.tasks.task import load_tasks
+from rung.daemon.topics import topic_problem
 from rung.engines import load_engine
 from rung.engines.batch import BatchDecoder
 from rung.engines.tokenizer import Tokenizer
@@ -92,7 +93,7 @@ def _answer_bytes(runner: TaskRunner, entry: Entry) -> tuple[rq.Address, bytes, 
     if isinstance(parsed, rq.Failure):
         event(f"refused at parse: {parsed.code}")
         assert parsed.code in CODES
-        return parsed.reply, rq.error_response(parsed.reply, parsed.task, parsed.code,
+        return parsed.reply, envelope.error_response(parsed.reply.id, parsed.task, parsed.code,
                                                parsed.message), None
     reply, req = parsed.reply, parsed.request
     from rung.engines.sampler import SamplingParams
@@ -111,10 +112,10 @@ def _answer_bytes(runner: TaskRunner, entry: Entry) -> tuple[rq.Address, bytes, 
         event(f"refused at prepare: {prepared.error and prepared.error['code']}")
     res = prepared
     if res.ok:
-        return reply, rq.ok_response(reply, req.task, res.output, res.validation,
+        return reply, envelope.ok_response(reply.id, req.task, res.output, res.validation,
                                      {}), req.session
     assert res.error is not None and res.error["code"] in CODES, res.error
-    return reply, rq.error_response(reply, req.task, res.error["code"],
+    return reply, envelope.error_response(reply.id, req.task, res.error["code"],
                                     res.error["message"]), req.session
 
 

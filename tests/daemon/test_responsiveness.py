@@ -184,7 +184,7 @@ def test_journal_writes_never_run_on_the_event_loop(
     inserts, updates, commits and checkpoints, each with its fsyncs) runs in the journal's
     writer thread; the event loop's thread only reads. Each request is answered once."""
     from rung.daemon.config import load_config
-    from rung.daemon.mqtt.journal import Journal
+    from rung.daemon.journal.store import Journal
     from rung.daemon.serve import Service, build_runner
     from tests.daemon.harness import Requester, write_config
 

@@ -376,7 +376,7 @@ def test_a_stop_past_its_grace_halts_the_engine_thread(
     """The finding: a stop with 0.5 s grace returned after 0.5 s but the process lived on
     until a 4 s generation ended. With no grace left the engine thread ends at its next
     step and the request stays pending in the journal for the restart."""
-    from rung.daemon.mqtt.journal import Journal
+    from rung.daemon.journal.store import Journal
 
     service = _service(tmp_path, broker.port, edge_engine, queue={"stop_grace_s": 0})
     long = {"input": SHORT["input"], "id": "long"}   # the task's whole token budget

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from rung.daemon.config import parse_config
+from rung.daemon.journal.store import Entry, Incoming, Journal
 from rung.daemon.metrics import Metrics
 from rung.daemon.mqtt.intake import MqttIntake
-from rung.daemon.mqtt.journal import Entry, Incoming, Journal
 from rung.daemon.mqtt.outbox import Outbox
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer

@@ -9,14 +9,13 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.mqtt.journal import Entry
+from rung.daemon import envelope
+from rung.daemon.journal.store import Entry
 from rung.daemon.mqtt.requests import (
     Address,
     Failure,
     MqttRequest,
     claimed_id,
-    error_response,
-    ok_response,
     parse,
 )
 
@@ -185,35 +184,6 @@ def test_valid_request_defaults() -> None:
     assert got.reply.id is None
 
 
-def test_error_response_shape() -> None:
-    body = json.loads(error_response(Address("t", None, "r1"), "st_code", "busy", "queue full"))
-    assert body == {"id": "r1", "task": "st_code", "ok": False,
-                    "error": {"code": "busy", "message": "queue full"}}
-    anon = json.loads(error_response(Address("t", None, None), None, "bad_json", "m"))
-    assert anon["id"] is None and anon["task"] is None
-
-
-def test_ok_response_shape() -> None:
-    usage = {"prompt_tokens": 10, "completion_tokens": 5}
-    raw = ok_response(Address("t", b"c", "r2"), "st_code", {"code": "x := 1;"},
-                      {"ok": True}, usage)
-    assert json.loads(raw) == {"id": "r2", "task": "st_code", "ok": True,
-                               "output": {"code": "x := 1;"}, "validation": {"ok": True},
-                               "usage": usage}
-    umlaut = ok_response(Address("t", None, None), "st_code", "Ventil geöffnet", None, {})
-    assert "geöffnet".encode() in umlaut
-
-
-def test_responses_survive_lone_surrogates() -> None:
-    reply = Address("t", None, "a\ud800")
-    for raw in (error_response(reply, "st_code", "internal", "m"),
-                ok_response(reply, "st_code", "\udfff", None, {})):
-        raw.decode("utf-8")                               # valid UTF-8 on the wire
-        assert json.loads(raw)["id"] == "a\ud800"
-    assert json.loads(ok_response(reply, "st_code", "\udfff", None, {}))["output"] == (
-        "\udfff")
-
-
 @pytest.mark.parametrize(("payload", "field"), [
     (b'{"input": {}, "id": "a\\ud800"}', "'id' contains a lone surrogate"),
     (b'{"input": {}, "session": "s\\udfff"}', "'session' contains a lone surrogate"),
@@ -240,7 +210,7 @@ def test_strings_the_broker_or_tokenizer_refuse_are_bad_requests(payload: bytes,
     # the error still reaches someone, on a topic the broker takes
     assert got.reply.topic == "v1/site/rung/node1/res/rung-node1"
     assert got.reply.id is None or got.reply.id.isprintable()
-    error_response(got.reply, got.task, got.code, got.message).decode("utf-8")
+    envelope.error_response(got.reply.id, got.task, got.code, got.message).decode("utf-8")
 
 
 def test_text_with_newlines_and_umlauts_is_fine() -> None:
@@ -258,14 +228,6 @@ def test_claimed_id() -> None:
     assert claimed_id(b"\xff\xfe", 100) is None
     assert claimed_id(b'{"id": "abc"', 100) is None
     assert claimed_id(b'{"id": "a", "n": ' + b"9" * 5000 + b"}", 10**6) is None
-
-
-def test_error_response_extra_fields() -> None:
-    reply = Address("t", None, "x")
-    body = json.loads(error_response(reply, "fault_tree", "invalid_output", "m",
-                                     {"output": {"a": 1}, "validation": {"ok": False}}))
-    assert body["ok"] is False and body["output"] == {"a": 1}
-    assert body["validation"] == {"ok": False}
 
 
 @pytest.mark.parametrize(("topic", "task_input", "says"), [

@@ -52,7 +52,7 @@ async def serving(runner: TaskRunner, cfg: OpcUaServerConfig,  # noqa: F811
                         lambda: {"ready": True, "queue_depth": scheduler.depth,
                                  "inflight": scheduler.inflight, "engine": "edge-test",
                                  "tasks": list(runner.tasks)},
-                        "t/rung", "rung-test", timeout_s=120.0, metrics=metrics)
+                        "rung-test", timeout_s=120.0, metrics=metrics)
     task = asyncio.get_running_loop().create_task(server.run())
     try:
         await asyncio.wait_for(server.started.wait(), 30)

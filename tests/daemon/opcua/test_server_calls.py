@@ -26,7 +26,7 @@ from rung.daemon.metrics import Metrics
 from rung.daemon.opcua.server import RungServer
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer
-from tests.daemon.mqtt.test_intake import BASE, CLIENT, POU, TASKS, FakeScheduler, Rig, settled
+from tests.daemon.mqtt.test_intake import CLIENT, POU, TASKS, FakeScheduler, Rig, settled
 from tests.daemon.opcua.test_server import run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -59,7 +59,7 @@ async def serving(scheduler: FakeScheduler, metrics: Metrics,
                   **kw: Any) -> AsyncIterator[tuple[RungServer, Client]]:
     cfg = OpcUaServerConfig(enabled=True, endpoint=f"opc.tcp://127.0.0.1:{free_port()}/rung/",
                             max_request_bytes=LIMIT, **kw)
-    server = RungServer(cfg, TASKS, scheduler.submit, lambda: {"ready": True}, BASE, CLIENT,
+    server = RungServer(cfg, TASKS, scheduler.submit, lambda: {"ready": True}, CLIENT,
                         timeout_s=60.0, metrics=metrics)
     task = asyncio.get_running_loop().create_task(server.run())
     try:

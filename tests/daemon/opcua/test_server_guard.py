@@ -64,7 +64,7 @@ def _config(tmp_path: Path, pki: dict[str, Pair] | None = None,
 
 @asynccontextmanager
 async def serving(cfg: OpcUaServerConfig) -> AsyncIterator[RungServer]:
-    server = RungServer(cfg, TASKS, answered_at_once, lambda: {"ready": True}, "t/rung",
+    server = RungServer(cfg, TASKS, answered_at_once, lambda: {"ready": True},
                         "rung-test", timeout_s=60.0)
     task = asyncio.get_running_loop().create_task(server.run())
     try:

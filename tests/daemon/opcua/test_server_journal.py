@@ -21,7 +21,7 @@ from asyncua.client.client import Client
 
 from rung.daemon.config import OpcUaServerConfig
 from rung.daemon.demo.localbroker import free_port
-from rung.daemon.mqtt.journal import OPCUA_PREFIX, Journal
+from rung.daemon.journal.store import OPCUA_PREFIX, Journal
 from rung.daemon.opcua.server import RungServer, Submit
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer, Scheduler
@@ -40,7 +40,7 @@ def _config() -> OpcUaServerConfig:
 @asynccontextmanager
 async def serving(cfg: OpcUaServerConfig, journal: Journal, submit: Submit,
                   tasks: Any) -> AsyncIterator[RungServer]:
-    server = RungServer(cfg, tasks, submit, lambda: {"ready": True}, "t/rung", "rung-test",
+    server = RungServer(cfg, tasks, submit, lambda: {"ready": True}, "rung-test",
                         120.0, journal, max_attempts=3)
     task = asyncio.get_running_loop().create_task(server.run())
     try:
@@ -125,7 +125,7 @@ def test_a_call_with_an_id_runs_once(runner: TaskRunner, tmp_path: Path) -> None
             journal.close()
         rows = _rows(path)
         assert [(topic, state, attempts, kept) for _, topic, state, attempts, kept in rows] \
-            == [(f"{OPCUA_PREFIX}t/rung/req/diagnosis", "delivered", 1, 1)] * 2
+            == [(f"{OPCUA_PREFIX}diagnosis", "delivered", 1, 1)] * 2
     run(scenario, 600)
 
 
@@ -167,7 +167,7 @@ def test_a_call_cut_short_by_a_stop_runs_once_after_the_restart(
         journal = Journal(path)
         assert journal.pending() == []   # not an MQTT request: MQTT recovery never sees it
         (row,) = journal.pending(opcua=True)
-        assert row.attempts == 1 and row.topic == f"{OPCUA_PREFIX}t/rung/req/diagnosis"
+        assert row.attempts == 1 and row.topic == f"{OPCUA_PREFIX}diagnosis"
         journal.attach()
         cfg = _config()
         counted = Counted(runner)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.mqtt.journal import Incoming, Journal, JournalError, dedupe_key
+from rung.daemon.journal.store import Incoming, Journal, JournalError, dedupe_key
 
 TOPIC = "v1/site/rung/node1/req/st_code"
 PAYLOAD = b'{"input": {"spec": "a timer"}}'
@@ -286,7 +286,7 @@ def test_an_older_journal_gains_the_new_columns(tmp_path: Path) -> None:
 _WRITER = """
 import os, sys, sqlite3
 from pathlib import Path
-from rung.daemon.mqtt.journal import Incoming, Journal
+from rung.daemon.journal.store import Incoming, Journal
 path, n, raw = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "raw"
 if raw:   # plain SQLite without rung's checkpoints: committed rows live only in the WAL
     db = sqlite3.connect(path, isolation_level=None)
@@ -336,7 +336,7 @@ def test_acknowledged_rows_survive_a_wal_cut_short_after_a_crash(tmp_path: Path,
 
 
 def test_a_torn_wal_is_reported_and_kept_aside(tmp_path: Path) -> None:
-    from rung.daemon.mqtt import wal
+    from rung.daemon.journal import wal
 
     path = tmp_path / "journal.db"
     _write_and_die(path, 5, raw=True)

@@ -18,11 +18,11 @@ import pytest
 from rung.daemon.config import MQTTConfig
 from rung.daemon.demo.localbroker import LocalBroker
 from rung.daemon.modbus.regmap import load_map
-from rung.daemon.plant import sparkplug as sparkplug_module
-from rung.daemon.plant.sparkplug import REBIRTH, Device, EdgeNode, SparkplugError
-from rung.daemon.plant.sparkplug_link import SparkplugLink
-from rung.daemon.plant.sparkplug_metrics import Point, device_metrics
-from rung.daemon.plant.sparkplug_pb import DataType, Payload
+from rung.daemon.sparkplug import node as sparkplug_module
+from rung.daemon.sparkplug.link import SparkplugLink
+from rung.daemon.sparkplug.metrics import Point, device_metrics
+from rung.daemon.sparkplug.node import REBIRTH, Device, EdgeNode, SparkplugError
+from rung.daemon.sparkplug.pb import DataType, Payload
 from tests.daemon.sparkplug_host import Host, Relay
 
 GROUP, NODE = "Plant1", "rung-node1"
@@ -386,7 +386,7 @@ def test_a_broker_restart_reconnects_through_the_shared_loop(
     loop (``link.keep_connected``, ``mqtt.reconnect_min_s`` after the drop) and is born
     again with the next bdSeq, its devices with it; data flows after the births."""
     from rung.daemon.mqtt import link as mqtt_link
-    from rung.daemon.plant import sparkplug_link
+    from rung.daemon.sparkplug import link as sparkplug_link
 
     loops: list[str] = []
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from rung.daemon.plant.sparkplug_pb import DataType
+from rung.daemon.sparkplug.pb import DataType
 
 __all__ = ["Device", "Point", "device_metrics", "node_metrics"]
 

@@ -63,7 +63,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rung.daemon.mqtt import wal
+from rung.daemon.journal import wal
 from rung.engines.errors import RungError
 
 log = logging.getLogger("rung.journal")

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rung.daemon.plant.sparkplug_metrics import Device, device_metrics, node_metrics
-from rung.daemon.plant.sparkplug_pb import DataType, Payload
+from rung.daemon.sparkplug.metrics import Device, device_metrics, node_metrics
+from rung.daemon.sparkplug.pb import DataType, Payload
 from rung.engines.errors import RungError
 
 __all__ = ["NAMESPACE", "REBIRTH", "Command", "Device", "EdgeNode", "Message", "Reaction",
@@ -171,7 +171,7 @@ class EdgeNode:
 
     def decode(self, topic: str, payload: bytes) -> Command:
         """Parse an incoming message; reads no state that changes, so it may run in a
-        worker thread (``sparkplug_link`` decodes there: a payload may be large)."""
+        worker thread (``link.py`` decodes there: a payload may be large)."""
         if topic == self.topic("NCMD"):
             return Command("NCMD", rebirth=_rebirth(payload))
         if self.primary_host_id is not None and topic == f"{NAMESPACE}/STATE/" \

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.mqtt.journal import Incoming, Journal, JournalError
+from rung.daemon.journal.store import Incoming, Journal, JournalError
 
 TOPIC = "v1/site/rung/node1/req/st_code"
 WRITES = ("INSERT", "UPDATE", "DELETE", "BEGIN", "COMMIT", "ROLLBACK", "PRAGMA WAL_CHECKPOINT")

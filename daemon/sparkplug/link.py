@@ -1,4 +1,4 @@
-"""The MQTT connection of rung's Sparkplug B edge node (``daemon/plant/sparkplug.py``).
+"""The MQTT connection of rung's Sparkplug B edge node (``daemon/sparkplug/node.py``).
 
 Sparkplug needs a connection of its own beside the request link (``daemon/mqtt/link.py``): a
 clean session (v5: clean start, session expiry 0; 3.1.1: clean session), and its own Will,
@@ -41,7 +41,7 @@ from paho.mqtt.properties import Properties
 from rung.daemon.config import MQTTConfig
 from rung.daemon.mqtt.link import connect_args, keep_connected, no_delay
 from rung.daemon.mqtt.oversize import Oversize
-from rung.daemon.plant.sparkplug import NAMESPACE, EdgeNode, Message
+from rung.daemon.sparkplug.node import NAMESPACE, EdgeNode, Message
 
 __all__ = ["SparkplugLink"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.mqtt.journal import Incoming, Journal, JournalError
+from rung.daemon.journal.store import Incoming, Journal, JournalError
 from tests.daemon.harness import Broker, Requester, write_config
 
 TOPIC = "v1/site/rung/node1/req/st_code"
