@@ -2,51 +2,63 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.checkpoints import CASES, save_checkpoint
+from tests.lazy import Lazy
+
+# the architecture ``make quick`` runs (-m "not slow"); a test parametrized on another
+# ``arch`` is part of the sweep ``make test`` runs
+QUICK_ARCH = "llama"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        arch = callspec.params.get("arch") if callspec is not None else None
+        if arch is not None and arch != QUICK_ARCH:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
-    """arch -> (checkpoint dir, transformers model)."""
-    out = {}
-    for arch in CASES:
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Mapping[str, tuple[Path, Any]]:
+    """arch -> (checkpoint dir, transformers model), each made when first read."""
+    def build(arch: str) -> tuple[Path, Any]:
         path = tmp_path_factory.mktemp(f"hf-{arch}")
-        out[arch] = (path, save_checkpoint(arch, path))
-    return out
+        return path, save_checkpoint(arch, path)
+    return Lazy(CASES, build)
 
 
 @pytest.fixture(scope="session")
-def engines(checkpoints: dict[str, tuple[Path, Any]],
-            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def engines(checkpoints: Mapping[str, tuple[Path, Any]],
+            tmp_path_factory: pytest.TempPathFactory) -> Mapping[str, Path]:
     """arch -> exported fp32 engine dir (verified by the exporter; the fused graph)."""
     from rung.export.exporter import ExportOptions, export
 
-    out = {}
-    for arch, (path, _) in checkpoints.items():
+    def build(arch: str) -> Path:
         engine_dir = tmp_path_factory.mktemp(f"engine-{arch}")
-        export(path, engine_dir, ExportOptions(kv="fp32", max_seq=128))
-        out[arch] = engine_dir
-    return out
+        export(checkpoints[arch][0], engine_dir, ExportOptions(kv="fp32", max_seq=128))
+        return engine_dir
+    return Lazy(CASES, build)
 
 
 @pytest.fixture(scope="session")
-def generic_engines(checkpoints: dict[str, tuple[Path, Any]],
-                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def generic_engines(checkpoints: Mapping[str, tuple[Path, Any]],
+                    tmp_path_factory: pytest.TempPathFactory) -> Mapping[str, Path]:
     """arch -> the same fp32 engines as ``engines``, as the generic graph (position-major
     KV, plain ONNX ops) instead of the fused one."""
     from rung.export.exporter import ExportOptions, export
 
-    out = {}
-    for arch, (path, _) in checkpoints.items():
+    def build(arch: str) -> Path:
         engine_dir = tmp_path_factory.mktemp(f"generic-{arch}")
-        export(path, engine_dir, ExportOptions(kv="fp32", max_seq=128, graph="generic"))
-        out[arch] = engine_dir
-    return out
+        export(checkpoints[arch][0], engine_dir,
+               ExportOptions(kv="fp32", max_seq=128, graph="generic"))
+        return engine_dir
+    return Lazy(CASES, build)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from rung.export.quantize import (
 )
 from rung.export.verify import logit_metrics
 from tests.checkpoints import CASES
+from tests.lazy import Lazy
 
 pytestmark = pytest.mark.integration
 PROMPT = "The pump is running; motor current 12.4 A. Öltemperatur 85 °C"
@@ -45,21 +47,21 @@ AGAINST_DEQUANTIZED = (0.02, 0.75)
 
 
 @pytest.fixture(scope="module")
-def quantized(checkpoints: dict[str, tuple[Path, Any]],
-              tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], Path]:
-    """(arch, weights, kv) -> engine dir: every architecture at int8 and int4 with the
-    default fp8 KV, and llama with fp32 KV. A budget that keeps every layer at the bits
-    asked for: which weights go to 8 bits is tested on real weights
+def quantized(checkpoints: Mapping[str, tuple[Path, Any]],
+              tmp_path_factory: pytest.TempPathFactory) -> Mapping[tuple[str, str, str], Path]:
+    """(arch, weights, kv) -> engine dir, each exported when first read: every
+    architecture at int8 and int4 with the default fp8 KV, and llama with fp32 KV. A
+    budget that keeps every layer at the bits asked for: which weights go to 8 bits is
+    tested on real weights
     (test_real_checkpoint.py)."""
-    out = {}
-    for arch, (path, _) in checkpoints.items():
-        for weights in ("int8", "int4"):
-            for kv in ("fp8", "fp32") if arch == "llama" else ("fp8",):
-                engine_dir = tmp_path_factory.mktemp(f"engine-{arch}-{weights}-{kv}")
-                export(path, engine_dir, ExportOptions(weights=weights, kv=kv, max_seq=128,
-                                                       quality_budget=10.0))
-                out[arch, weights, kv] = engine_dir
-    return out
+    def build(key: tuple[str, str, str]) -> Path:
+        arch, weights, kv = key
+        engine_dir = tmp_path_factory.mktemp(f"engine-{arch}-{weights}-{kv}")
+        export(checkpoints[arch][0], engine_dir,
+               ExportOptions(weights=weights, kv=kv, max_seq=128, quality_budget=10.0))
+        return engine_dir
+    return Lazy([(arch, weights, kv) for arch in checkpoints for weights in ("int8", "int4")
+                 for kv in (("fp8", "fp32") if arch == "llama" else ("fp8",))], build)
 
 
 def _graph(engine_dir: Path, data: bool = False) -> onnx.ModelProto:
