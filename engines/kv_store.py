@@ -37,48 +37,15 @@ from rung.engines.kv_disk import CLOSE_WAIT_S, KEY_RE, MAX_PENDING, DiskTier, Re
 
 log = logging.getLogger(__name__)
 
-# Byte-plane shuffle, measured on KV-like blocks (Qwen2.5-0.5B shape: 24 layers x K/V,
-# 2 kv heads, head dim 64, block 64 = 1.57 MB fp32; values: per-channel lognormal scales
-# with 3 outlier channels x8, a RoPE-like cosine drift over positions plus normal noise; fp8
-# = e4m3 of x / (absmax / 448) with float32 per-token-per-head scales). zstandard 0.25
-# (libzstd 1.5.7), 2 cores busy with other work, best of 9; MB/s of raw bytes through
-# encode_block + compress and decompress + decode_block:
-#
-#   block        level  shuffle  ratio  compress MB/s  decompress MB/s
-#   float32        1      off    1.070       452            661
-#   float32        1      on     1.174       410            796
-#   float32        3      off    1.069       347            616
-#   float32        3      on     1.156       262            695
-#   float16        1      off    1.068       455            550
-#   float16        1      on     1.139       530            565
-#   float16        3      off    1.067       370            552
-#   float16        3      on     1.139       521            558
-#   fp8+scales     1      off    1.111       364            278
-#   fp8+scales     1      on     1.125       285            227
-#   fp8+scales     3      off    1.112       341            283
-#   fp8+scales     3      on     1.123       266            233
-#
-# The planes are grouped across the whole block (plane 0 of every array, then plane 1, ...),
-# not array by array: zstd codes a 128 KB block's literals with one Huffman table, and
-# per-array planes (8 KB here) put the low-entropy sign/exponent plane next to noise-like
-# mantissa planes inside one zstd block; measured that way, fp32 at level 1 gained nothing
-# (1.069 -> 1.070). Mantissa bytes are noise either way: the ceiling (order-0 entropy per
-# plane) is 1.19 for fp32, 1.15 for fp16. Float blocks get 7-10 % smaller with the shuffle,
-# i.e. 7-10 % more blocks per RAM budget, and restore no slower: it pays. An fp8 block is
-# mostly single bytes, which a byte shuffle cannot reorder: +1 % for a 20 % slower
-# restore does not pay. (Level 1 matched or beat level 3 on ratio here, and was faster.)
-#
-# Real KV (SmolLM2-135M-Instruct, 17 blocks of real text; bench/kv_real_compression.py,
-# docs/benchmarks/real-checkpoints.md "Cold-tier compression of real KV") confirms it,
-# level 1: fp32 1.078
-# off / 1.180 on, fp16 1.077 / 1.150, fp8 1.167 / 1.184 (restore 546 / 488 MB/s). Delta
-# coding across tokens before the planes (the XOR of each channel's bit pattern with the
-# previous position's, or their integer difference, as CacheGen codes quantized KV) made
-# every block larger (shuffled, level 1, XOR: fp32 1.166, fp16 1.123, fp8 1.158) and
-# decoding 25-50 % slower: neighbouring tokens are barely correlated (var(x[t] - x[t-1])
-# / var(x) is 0.97 for K, 1.56 for V), so it is not in the codec. Level 3, the store's
-# former default, gained nothing on real KV either (fp32 1.164 vs 1.180) and compressed
-# 39 % slower (428 vs 699 MB/s): the store compresses at level 1.
+# Byte-plane shuffle per block dtype: the planes are grouped across the whole block (plane 0
+# of every array, then plane 1, ...), so zstd codes the low-entropy sign/exponent planes
+# together instead of beside noise-like mantissa planes in one Huffman block. Float blocks
+# come out smaller with it and restore no slower; an fp8 block is single bytes, which a
+# byte shuffle cannot reorder, and restores slower with it, so it stays off. Delta coding
+# across tokens does not pay (neighbouring tokens are barely correlated) and level 1
+# compresses as well as level 3, faster. The figures, with their commands:
+# docs/benchmarks/real-checkpoints.md, "Cold-tier compression of real KV", and
+# docs/benchmarks/kv-cache.md.
 SHUFFLE_DEFAULT: dict[str, bool] = {"float32": True, "float16": True, "uint8": False}
 
 _LEN = struct.Struct("<I")
