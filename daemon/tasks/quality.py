@@ -23,6 +23,7 @@ from typing import Any
 
 from rung.daemon.tasks.kind import Kind
 
+
 @dataclass(frozen=True)
 class Verdict:
     valid: bool

@@ -42,6 +42,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from rung.daemon.tasks.st.interpreter import type_kind
 from rung.daemon.tasks.st.pou import (
     CONVERSION_TYPES,
     FB_INPUTS,
@@ -49,7 +50,6 @@ from rung.daemon.tasks.st.pou import (
     INTEGER_TYPES,
     RESERVED_NAMES,
 )
-from rung.daemon.tasks.st.interpreter import type_kind
 
 BODY_MARK = '"body":"'
 VARIABLES_MARK = '"variables":['

@@ -1903,7 +1903,8 @@ def _conversion(key: str) -> tuple[str | None, str, bool] | None:
         trunc = False
     else:
         return None
-    if dst not in st_pou.CONVERSION_TYPES or (src is not None and src not in st_pou.CONVERSION_TYPES):
+    if dst not in st_pou.CONVERSION_TYPES or (
+            src is not None and src not in st_pou.CONVERSION_TYPES):
         return None
     return src, dst, trunc
 

@@ -17,7 +17,7 @@ import xmlschema
 
 from rung.daemon.cli import main
 from rung.daemon.plant.plcopen import PlcopenError, from_plcopen_xml, to_plcopen_xml
-from rung.daemon.plant.st_edition import EditionError, edition_problems, to_edition
+from rung.daemon.tasks.st.edition import EditionError, edition_problems, to_edition
 from rung.tools.corpus_st import ARCHETYPES, st_sample
 from tests.daemon.tasks.test_st import GOOD, var
 
