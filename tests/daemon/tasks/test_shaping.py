@@ -36,7 +36,7 @@ def test_diagnosis_states_are_computed_and_evidence_names_come_from_the_input() 
     assert snapshot.states(SNAPSHOT) == states
     assert s.prefix == '{"state_detection":' + json.dumps(states, separators=(",", ":")) + ","
     evidence = s.schema["properties"]["health_assessment"]["items"]["properties"]["evidence"]
-    # only the points that are not normal, each at most once (test_diagnosis.py)
+    # only the points that are not normal, each at most once (diagnosis/test_snapshot.py)
     assert [[c["const"] for c in alt["prefixItems"]] for alt in evidence["anyOf"]] == [
         ["oil_temp"], ["pressure"], ["oil_temp", "pressure"]]
     # a narrowed schema accepts only answers of the published one
@@ -57,7 +57,7 @@ def test_fault_tree_evidence_and_st_constants() -> None:
     s = ft.kind.shape(ft.output_schema, {"top_event": "t", "system": "s",
                                                 "points": [{"name": "p1", "value": 1}]})
     point = s.schema["properties"]["basic_events"]["items"]["properties"]["evidence"]
-    # one object per point, its observation starting with the reading (test_fault_tree_shape)
+    # one object per point, its observation starting with the reading (fault_tree/test_shape.py)
     assert [a["properties"]["point"] for a in point["anyOf"]] == [{"const": "p1"}]
     assert s.prefix == ""
     free = ft.kind.shape(ft.output_schema, {"top_event": "t", "system": "s"}).schema
@@ -131,7 +131,7 @@ def test_fault_tree_gates_carry_what_their_type_needs() -> None:
            {"id": "G_1", "type": "ATLEAST", "inputs": ["E1"]},        # no k
            {"id": "G_1", "type": "NOT", "inputs": ["E1", "E2"]},      # two inputs
            {"id": "G_1", "type": "INHIBIT", "inputs": ["E1"]}]        # no condition
-    for gate in ok + bad:   # a gate's description is required here (test_fault_tree_shape)
+    for gate in ok + bad:   # a gate's description is required here (fault_tree/test_shape.py)
         gate["description"] = "g"
     for gate in ok:
         jsonschema.validate({**base, "gates": [gate]}, s)

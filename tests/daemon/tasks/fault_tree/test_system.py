@@ -27,7 +27,7 @@ from rung.engines.sampler import SamplingParams
 from rung.engines.tokenizer import Tokenizer
 
 PUMP = "a centrifugal pump, suction strainer, motor, contactor and check valve"
-HANDWRITTEN = Path(__file__).resolve().parents[2] / "data" / "handwritten.json"
+HANDWRITTEN = Path(__file__).resolve().parents[3] / "data" / "handwritten.json"
 
 
 def _heads(system: str) -> list[tuple[str, str]]:

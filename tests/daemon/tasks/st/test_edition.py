@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rung.daemon.tasks.st.edition import EditionError, edition_problems, to_edition
 from rung.daemon.tasks.st.pou import check_syntax, render_pou, validate_pou
 from rung.tools.corpus_st import ARCHETYPES, st_sample
-from tests.daemon.tasks.test_st import GOOD
+from tests.daemon.tasks.st.test_pou import GOOD
 
 CASES = [
     ("x := 1; // set", "x := 1; (* set *)"),

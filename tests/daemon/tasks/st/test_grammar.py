@@ -29,7 +29,7 @@ from rung.engines.tokenizer import Tokenizer
 from rung.tools.corpus import generate as corpus
 
 ST = load_tasks()["st_code"]
-MODEL = Path(__file__).resolve().parents[3] / "models" / "edge-tiny"
+MODEL = Path(__file__).resolve().parents[4] / "models" / "edge-tiny"
 POU = {"pou_type": "FUNCTION_BLOCK", "name": "FB_Fill", "variables": [
     {"section": "VAR_INPUT", "name": "rLevel", "type": "REAL"},
     {"section": "VAR_INPUT", "name": "bDrainOpen", "type": "BOOL"},
