@@ -48,15 +48,23 @@ def test_package_dir_entries_point_where_the_mapping_would() -> None:
             assert Path(folder) == Path(mapping[parent]) / name.rsplit(".", 1)[1], name
 
 
+def _type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:``: imports for the type checker, never made at run time."""
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) \
+        and node.test.id == "TYPE_CHECKING"
+
+
 def _imports(path: Path) -> list[tuple[str, bool]]:
-    """(dotted name, at import time) for each absolute import of rung in the file; a name
+    """(dotted name, at import time) for each absolute import of rung in the file (one
+    inside a function or under ``if TYPE_CHECKING:`` is not at import time); a name
     imported from a module is given both ways (it may be a sub-module)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     out: list[tuple[str, bool]] = []
 
     def visit(node: ast.AST, top: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            inner = top and not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            inner = top and not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) \
+                and not _type_checking(child)
             if isinstance(child, ast.Import):
                 out.extend((a.name, top) for a in child.names)
             elif isinstance(child, ast.ImportFrom):
@@ -70,21 +78,22 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
     return [(n, t) for n, t in out if n.startswith("rung.")]
 
 
-# the package whose modules are each a room of their own (the daemon's wiring and what
-# every adapter shares: config, the request, the envelope, the scheduler ...): drawn one
-# node per module, so that the map shows which of them sit below the adapters
-SPLIT = "rung.daemon"
+# the packages whose top-level modules are each a room of their own, drawn one node per
+# module: the daemon's (its wiring and what every adapter shares: config, the request, the
+# envelope, the scheduler ...) and the tasks' machinery (the kinds' packages sit between
+# the kind object and the registry), so that the map shows which sit below which
+SPLIT = ("rung.daemon", "rung.daemon.tasks")
 
 
 def _node(module: str, path: Path) -> str:
     package = module if path.stem == "__init__" else module.rsplit(".", 1)[0]
-    return module if package == SPLIT and path.stem != "__init__" else package
+    return module if package in SPLIT and path.stem != "__init__" else package
 
 
 def import_map() -> str:
-    """Which rung package imports which: one line per package (per module of ``SPLIT``),
-    the imported ones after the arrow, ``*`` where the import is inside functions only
-    (made when needed)."""
+    """Which rung package imports which: one line per package (per module of a ``SPLIT``),
+    the imported ones after the arrow, ``*`` where no import is made at import time (inside
+    functions, made when needed, or for the type checker only)."""
     files = module_files()
     packages = sorted({_node(m, p) for m, p in files.items()})
 
@@ -97,9 +106,9 @@ def import_map() -> str:
         source = _node(module, path)
         for name, top in _imports(path):
             target = owner(name)
-            # ``from rung.daemon import config`` names the module; SPLIT's own
+            # ``from rung.daemon import config`` names the module; a SPLIT package's own
             # __init__ holds nothing to import
-            if target is not None and target not in (source, SPLIT):
+            if target is not None and target != source and target not in SPLIT:
                 edges[source][target] = edges[source].get(target, False) or top
     width = max(map(len, packages))
     lines = []

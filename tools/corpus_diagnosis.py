@@ -15,8 +15,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rung.daemon.tasks import diagnosis
-from rung.daemon.tasks.validate import expected_state
+from rung.daemon.tasks.diagnosis import snapshot
+from rung.daemon.tasks.diagnosis.snapshot import expected_state
 from rung.tools.corpus_plant import (
     ASSETS,
     FAULTS,
@@ -208,7 +208,7 @@ def _note(rng: random.Random, prognosis: dict[str, Any], unit: str) -> str:
     ))
 
 
-def _advisory(f: diagnosis.Facts, findings: list[Finding], prognosis: dict[str, Any],
+def _advisory(f: snapshot.Facts, findings: list[Finding], prognosis: dict[str, Any],
               rng: random.Random) -> dict[str, Any]:
     alarms = sum(r["state"] == "alarm" for r in f.states)
     alerts = sum(r["state"] == "alert" for r in f.states)
@@ -218,7 +218,7 @@ def _advisory(f: diagnosis.Facts, findings: list[Finding], prognosis: dict[str, 
         priority = "low"
     else:
         priority = ("critical" if alarms >= 2 else "high" if alarms or soon else "medium")
-    allowed = diagnosis.priorities(f, diagnosis.builtin_floor())
+    allowed = snapshot.priorities(f, snapshot.builtin_floor())
     assert priority in allowed, (priority, allowed)
     actions: list[str] = []
     if priority == "critical":
@@ -245,7 +245,7 @@ def diagnosis_sample(rng: random.Random, asset_key: str) -> tuple[dict[str, Any]
     if rng.random() < 0.4:
         data["description"] = rng.choice(CONTEXT)
     data["points"] = points
-    known = diagnosis.facts(data)
+    known = snapshot.facts(data)
     findings: list[Finding] = []
     if known.faults_possible:
         findings = (_sensor_faults(points) + _faults(asset, _observe(asset, points)))[:4]

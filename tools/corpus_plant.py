@@ -3,7 +3,7 @@
 Points (register-map style names, units, normal ranges, alert/alarm limits), fault modes (what
 they do to the points, what to do about them) and assets (which points and faults they have,
 their fault-tree top events). Values are drawn here too, so that a point's value and its
-limits always agree with ``rung.daemon.tasks.validate.expected_state``.
+limits always agree with ``rung.daemon.tasks.diagnosis.snapshot.expected_state``.
 """
 
 from __future__ import annotations

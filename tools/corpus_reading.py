@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rung.daemon.tasks import st_request
+from rung.daemon.tasks.st import request as st_request
 from rung.daemon.tasks.task import Task, TaskError, load_tasks
 from rung.daemon.tasks.validate import validate_output
 from rung.tools.corpus_st_setpoints import in_served_form
@@ -168,7 +168,7 @@ def same_request(task: str, before: Mapping[str, Any], after: Mapping[str, Any],
             return False   # code would name the setpoints otherwise than the answer does
         if "name" in after and st_request.declared(before) != st_request.declared(after):
             return False
-    ok, _ = validate_output(t.output_schema, t.validators, answer, after)
+    ok, _ = validate_output(t.output_schema, t.kind, answer, after)
     return ok
 
 
@@ -189,5 +189,5 @@ def reword(sample: dict[str, Any], rng: random.Random, tries: int = 3) -> dict[s
 
 def served(task: str, data: Mapping[str, Any], output: Any) -> Any:
     """The answer as rung serves it for the reworded request: an ST request that leaves
-    the type and name open gets code's (``st_request.pou``) and the setpoints first."""
+    the type and name open gets code's (``st.request.pou``) and the setpoints first."""
     return in_served_form(data, output) if task == "st_code" else output

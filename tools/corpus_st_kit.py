@@ -315,7 +315,7 @@ class Kit:
         """The variables in the answer's order: those the request states first, exactly as
         code writes them from the request (no comment; an initial value only where stated),
         then the POU's own."""
-        from rung.daemon.tasks.st_request import interface
+        from rung.daemon.tasks.st.request import interface
 
         declared = interface({"constraints": stated})
         names = {d["name"] for d in declared}

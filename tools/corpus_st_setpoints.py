@@ -1,5 +1,5 @@
 """A corpus answer in the form rung serves it: the values the request states held by the
-setpoints code declares (``daemon/tasks/st_request.declared``), read by the body by name.
+setpoints code declares (``daemon/tasks/st/request.py``: ``declared``), read by the body by name.
 
 An archetype writes its POU its own way: a threshold as a literal in the body (``rLevel >
 70.0``, ``PT := T#3S``) or as a variable with that initial value. Where rung writes the
@@ -16,8 +16,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from rung.daemon.tasks import st_request
-from rung.daemon.tasks.st import assigned_names, render_pou
+from rung.daemon.tasks.st import request as st_request
+from rung.daemon.tasks.st.pou import assigned_names, render_pou
 
 # a TIME literal or a number in ST (what a body writes for a stated value)
 _LITERAL = re.compile(r"(?<![\w#.])(?:(?:T|TIME|LTIME)#(-?[0-9_.a-zA-Z]+)"

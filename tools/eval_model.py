@@ -119,7 +119,7 @@ def constrained(runner: TaskRunner, samples: list[dict[str, Any]],
         counts[f"{s['task']}:attempts"] += r.attempts
         v = r.validation or {}
         err = r.error or {}
-        quality.add(s["task"], judge(s["task"], r.validation,
+        quality.add(s["task"], judge(runner.tasks[s["task"]].kind, r.validation,
                                      error=f"{err.get('code')}: {err.get('message')}"))
         counts[f"{s['task']}:n"] += 1
         counts[f"{s['task']}:schema"] += int(bool(v.get("schema", {}).get("ok")))
@@ -282,7 +282,7 @@ def handwritten(model_dir: Path, path: Path, policy: RetryPolicy | None = None,
             answers = []
             for data, r in zip(inputs, results, strict=True):
                 err = r.error or {}
-                verdict = judge(task, r.validation,
+                verdict = judge(runner.tasks[task].kind, r.validation,
                                 error=f"{err.get('code')}: {err.get('message')}")
                 quality.add(task, verdict)
                 answers.append(_answer_record(data, r, verdict))

@@ -56,7 +56,7 @@ def check_example(tasks: dict[str, Task], obj: Any) -> tuple[dict[str, Any] | No
         task.check_input(obj["input"])
     except TaskError as e:
         return None, e.message
-    ok, validation = validate_output(task.output_schema, task.validators, obj["answer"],
+    ok, validation = validate_output(task.output_schema, task.kind, obj["answer"],
                                      obj["input"])
     if not ok:
         return None, _failed(validation)

@@ -177,6 +177,7 @@ def _verdict(answer: dict[str, Any]) -> str:
 
 def _show(task: str, inputs: list[dict[str, Any]], replies: list[dict[str, Any]]) -> None:
     from rung.daemon.tasks.quality import Tally, judge
+    from rung.daemon.tasks.task import load_tasks
 
     shown = next((r for r in replies if r.get("ok")), replies[0])
     data = inputs[replies.index(shown)]
@@ -187,9 +188,9 @@ def _show(task: str, inputs: list[dict[str, Any]], replies: list[dict[str, Any]]
     else:
         err = shown.get("error") or {}
         print(f"--- not valid: {err.get('code')}: {err.get('message')}")
-    tally = Tally()
+    tally, kind = Tally(), load_tasks()[task].kind   # the demo serves the built-in tasks
     for r in replies:
-        tally.add(task, judge(task, r.get("validation"),
+        tally.add(task, judge(kind, r.get("validation"),
                               error=(r.get("error") or {}).get("message")))
     print(f"--- held-out {task} instructions: {tally.right[task]} of {len(replies)} answers "
           f"right (every check passed), {tally.valid[task]} of {len(replies)} valid")

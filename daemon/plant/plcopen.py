@@ -11,7 +11,7 @@ writes one POU (the ``st_code`` task's output object: ``pou_type``, ``name``,
   object's order; each variable's type, its initial value as a ``simpleValue`` and its
   comment as ``documentation``;
 * the body as ``<ST><xhtml:p>`` with the text in CDATA, rewritten for the chosen
-  IEC 61131-3 edition (``daemon/plant/st_edition.py``: edition 2 has no ``//`` comments);
+  IEC 61131-3 edition (``daemon/tasks/st/edition.py``: edition 2 has no ``//`` comments);
 * the assumptions twice: as the POU's ``documentation`` for people, and in an ``addData``
   element of rung's own (``urn:rung:st_code``) so :func:`from_plcopen_xml` gives back the
   same object.
@@ -19,8 +19,8 @@ writes one POU (the ``st_code`` task's output object: ``pou_type``, ``name``,
 Types: the elementary types of TC6 2.01 (``TIME_OF_DAY`` is written ``TOD``,
 ``DATE_AND_TIME`` ``DT``), ``STRING[n]``, ``ARRAY[a..b, ...] OF T`` and any other name as a
 ``derived`` type (function block instances). A variable whose ``initial`` or ``comment`` is
-blank gets none, as in the rendered text (``daemon/tasks/st.py``). Validation against the official
-schema lives in the tests (the serving path needs no XSD validator).
+blank gets none, as in the rendered text (``daemon/tasks/st/pou.py``). Validation against the
+official schema lives in the tests (the serving path needs no XSD validator).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from itertools import groupby
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from rung.daemon.plant.st_edition import to_edition
-from rung.daemon.tasks.st import ELEMENTARY_TYPES, SECTION_ORDER
+from rung.daemon.tasks.st.edition import to_edition
+from rung.daemon.tasks.st.pou import ELEMENTARY_TYPES, SECTION_ORDER
 from rung.engines.errors import RungError
 
 __all__ = ["PLCOPEN_NS", "PlcopenError", "from_plcopen_xml", "to_edition", "to_plcopen_xml"]

@@ -6,7 +6,7 @@ and puts it in a free row; ``step`` runs the decoder until a sequence finishes (
 ``interrupt`` is set: a request waits for a row), parses and validates each finished one
 (``TaskRunner.finish``; the request counts as in flight until it is checked, and an ST
 answer's run against the request's test vectors is held to its work budget,
-``st_exec.DEFAULT_WORK_BUDGET``, so no check keeps the other rows waiting long) and,
+``st.interpreter.DEFAULT_WORK_BUDGET``, so no check keeps the other rows waiting long) and,
 where the retry policy allows it (tries, ``budget_s`` and the request's deadline), starts
 the next try in the row the failed one just left; every other
 finished request leaves with its :class:`~rung.daemon.request.Answer`.

@@ -8,7 +8,7 @@
   naming the components the system lists; evidence from abnormal points only, priority
   from the worst state, no remaining life from one snapshot), and an ST answer that comes
   with test vectors *behaves* right when executed (the ``behaviour`` section:
-  ``st_exec.run_vectors`` on a simulated clock).
+  ``st.interpreter.run_vectors`` on a simulated clock).
 
 ``judge`` gives one answer's verdict and the reason it is not right; ``Tally`` counts them
 per task (the eval and ``rung demo`` print it).
@@ -21,13 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# the sections that make an answer valid (the floor), per task; every other section of
-# the validation is a rightness check
-FLOOR: dict[str, tuple[str, ...]] = {
-    "st_code": ("schema", "st_syntax", "identifiers"),
-    "fault_tree": ("schema",),
-    "diagnosis": ("schema",),
-}
+from rung.daemon.tasks.kind import Kind
 
 
 @dataclass(frozen=True)
@@ -50,14 +44,14 @@ def _failed(validation: Mapping[str, Any], names: tuple[str, ...] | None) -> str
     return None
 
 
-def judge(task: str, validation: Mapping[str, Any] | None,
+def judge(kind: Kind, validation: Mapping[str, Any] | None,
           error: str | None = None) -> Verdict:
     """One answer's verdict from its validation as the runner gives it (None: no answer,
-    ``error`` says why)."""
+    ``error`` says why): valid when the sections of the kind's floor (``Kind.floor``)
+    passed, right when every section did."""
     if not validation:
         return Verdict(False, False, error or "no answer")
-    floor = FLOOR.get(task, ("schema",))
-    invalid = _failed(validation, floor)
+    invalid = _failed(validation, kind.floor)
     if invalid is not None:
         return Verdict(False, False, invalid)
     wrong = _failed(validation, None)

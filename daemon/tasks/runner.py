@@ -178,7 +178,7 @@ class TaskRunner:
         if task is None:
             return _fail(name, data, "unknown_task", f"no task named {name!r}")
         try:
-            task.check_input(data)   # the test vectors too (``task._check_vectors``)
+            task.check_input(data)   # and what the task's kind refuses (``Kind.check_input``)
             ids = self.prompt_ids(task, data)
             row_params = replace(params, stop=(), max_tokens=min(
                 max_tokens or task.max_tokens, task.max_tokens))
@@ -199,7 +199,7 @@ class TaskRunner:
         """The request's constraint (its narrowed schema, compiled once per distinct
         schema) already advanced over the answer's computed start, and that start's
         tokens."""
-        shape = (shaping.shape(task.output_schema, task.validators, data) if self.shaped
+        shape = (task.kind.shape(task.output_schema, data) if self.shaped
                  else shaping.Shape(task.output_schema))
         grammar = (self.grammars[task.name] if shape.schema is task.output_schema
                    else self.compiler.compile(shape.schema))
@@ -393,7 +393,7 @@ class TaskRunner:
             output = json.loads(gen.text)
         except json.JSONDecodeError as e:
             return _fail(task.name, data, "invalid_output", f"output is not JSON ({e})", gen)
-        ok, validation = validate_output(task.output_schema, task.validators, output, data)
+        ok, validation = validate_output(task.output_schema, task.kind, output, data)
         return Answer(_request(task.name, data), ok, None if ok else "invalid_output",
                       "" if ok else _first_error(validation), output, validation,
                       generation=gen)

@@ -1,10 +1,11 @@
 """Tasks as data: one YAML file per task in ``configs/tasks/``, loaded and checked once.
 
 A task names its prompts, an input JSON Schema, an output JSON Schema (draft 2020-12), its
-token budget and the semantic validators to run. Loading refuses, naming the file and the
-key: invalid YAML, a missing or mistyped key, an invalid schema, a schema keyword the
-constraint engine cannot enforce (never a fallback to unconstrained generation), a prompt
-template field that the input schema does not define, an unknown validator.
+token budget and its kind (``validators``: the kind's name, ``kinds.KINDS``; none: the
+schema alone). Loading refuses, naming the file and the key: invalid YAML, a missing or
+mistyped key, an invalid schema, a schema keyword the constraint engine cannot enforce
+(never a fallback to unconstrained generation), a prompt template field that the input
+schema does not define, an unknown validator, two kinds for one task.
 
 An input schema may also use rung's own keywords (``INPUT_KEYWORDS``), which JSON Schema
 tools that do not know them ignore: ``uniqueBy`` (an array's objects differ in that key),
@@ -28,8 +29,9 @@ import jinja2.sandbox
 import jsonschema
 
 from rung.daemon import keyed
-from rung.daemon.tasks import st
-from rung.daemon.tasks.validate import VALIDATORS, schema_message
+from rung.daemon.tasks.kind import InputError, Kind
+from rung.daemon.tasks.kinds import KINDS, kind_of
+from rung.daemon.tasks.validate import schema_message
 from rung.engines.errors import RungError
 from rung.engines.grammar import unenforceable_keywords
 
@@ -49,11 +51,10 @@ class TaskError(RungError):
 
 
 # -- rung's input keywords -----------------------------------------------------------------
-# notReserved's tables: a name -> what the table already calls it (None: free)
+# notReserved's tables, as the kinds give them: a name -> what the table already calls it
+# (None: free)
 NAME_TABLES: dict[str, Callable[[str], str | None]] = {
-    "iec61131-3": lambda name: (None if (kind := st.reserved_kind(name)) is None
-                                else f"{kind} in IEC 61131-3"),
-}
+    table: names for kind in KINDS.values() for table, names in kind.name_tables.items()}
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")   # C0, DEL, C1
 
 
@@ -139,6 +140,11 @@ class Task:
     validators: tuple[str, ...]
     path: Path
 
+    @property
+    def kind(self) -> Kind:
+        """What code knows of this task's answers (``kind.Kind``)."""
+        return kind_of(self.validators)
+
     @cached_property
     def _input_validator(self) -> Any:
         return _InputValidator(self.input_schema)
@@ -146,15 +152,17 @@ class Task:
     def check_input(self, data: Any) -> None:
         """Raises TaskError naming the first violation of the input schema (rung's input
         keywords included): its path and the rule, never the value
-        (``validate.schema_message``)."""
+        (``validate.schema_message``); then what the task's kind refuses (an ST request's
+        test vectors that cannot run)."""
         err = jsonschema.exceptions.best_match(self._input_validator.iter_errors(data))
         if err is not None:
             where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
             raise TaskError(f"task {self.name}: input {where}: {schema_message(err)}",
                             "see the task's input_schema")
-        vectors = data.get("vectors") if isinstance(data, Mapping) else None
-        if vectors is not None and "st" in self.validators:
-            _check_vectors(self.name, vectors)
+        try:
+            self.kind.check_input(data)
+        except InputError as e:
+            raise TaskError(f"task {self.name}: input {e}", e.hint) from e
 
     def messages(self, data: Mapping[str, Any]) -> list[dict[str, str]]:
         """The chat for one input: system prompt + the rendered user prompt."""
@@ -166,19 +174,6 @@ class Task:
                             f"({e})") from e
         return [{"role": "system", "content": self.system_prompt},
                 {"role": "user", "content": user}]
-
-
-def _check_vectors(task: str, vectors: Any) -> None:
-    """An ST request's test vectors run (``st_exec``) within a test's scans and the run's
-    work budget: malformed ones, or ones no answer could run within it, are the request's
-    mistake, refused at the edge before any answer is written."""
-    from rung.daemon.tasks.st_exec import check_vectors
-
-    try:
-        check_vectors(vectors)
-    except ValueError as e:
-        raise TaskError(f"task {task}: input vectors: {str(e).removeprefix('vectors: ')}",
-                        "see docs/tasks.md, test vectors") from e
 
 
 def _string(v: Any, key: str) -> str:
@@ -194,8 +189,8 @@ def _mapping(v: Any, key: str) -> dict[str, Any]:
 
 
 def _validator(v: Any, key: str) -> str:
-    if v not in VALIDATORS:
-        raise keyed.Invalid(key, f"unknown validator {v!r}", f"known: {', '.join(VALIDATORS)}")
+    if v not in KINDS:
+        raise keyed.Invalid(key, f"unknown validator {v!r}", f"known: {', '.join(KINDS)}")
     return str(v)
 
 
@@ -206,7 +201,7 @@ _KEYS: dict[str, keyed.Key] = {
     "input_schema": keyed.Key(_mapping, "a JSON Schema (a mapping)"),
     "output_schema": keyed.Key(_mapping, "a JSON Schema (a mapping)"),
     "max_tokens": keyed.integer(1, 1_000_000),
-    "validators": keyed.listof(_validator, "a list of validator names", 0, len(VALIDATORS))}
+    "validators": keyed.listof(_validator, "a list of validator names", 0, len(KINDS))}
 
 
 def load_task(path: Path) -> Task:
@@ -219,6 +214,9 @@ def load_task(path: Path) -> Task:
         values = keyed.fields(raw, "", _KEYS, required=list(_KEYS))
     except keyed.Invalid as e:
         raise TaskError(f"{path}: {e.key}: {e.text}", e.hint) from None
+    if len(set(values["validators"])) > 1:
+        raise TaskError(f"{path}: validators: names {', '.join(values['validators'])}; a task "
+                        "is one kind", "name one of them (docs/add-a-task.md)")
     for key in ("input_schema", "output_schema"):
         _check_schema(path, key, values[key])
     _check_template(path, values["prompt_template"], values["input_schema"])

@@ -1,15 +1,8 @@
-"""Validation of a task's output after decoding: the JSON Schema, then the task's semantic
-validators. Each contributes named sections to one ``validation`` object, every section
-``{"ok": bool, "errors": [...]}`` (plus what it computed):
-
-    schema       jsonschema against the task's output schema
-    st_syntax    the rendered POU parsed by an ST parser          (validator "st")
-    identifiers  identifiers used in the body are declared        (validator "st")
-    pou_text     the rendered POU (a string, not a section)       (validator "st")
-    fault_tree   references, acyclicity, cut sets, probability    (validator "fault_tree")
-    components   the basic events name the system's components    (validator "fault_tree")
-    diagnosis    states, evidence, priority, prognosis, names     (validator "diagnosis")
-                 against what code knows of the request
+"""Validation of a task's output after decoding: the JSON Schema, then the validator of the
+task's kind (``kind.Kind``; the kinds' own sections are listed in docs/tasks.md). Each
+contributes named sections to one ``validation`` object, every section ``{"ok": bool,
+"errors": [...]}`` (plus what it computed); ``schema`` is jsonschema against the task's
+output schema. What a schema error says (``schema_message``) is said here for every kind.
 """
 
 from __future__ import annotations
@@ -19,7 +12,7 @@ from typing import Any
 
 import jsonschema
 
-Section = dict[str, Any]
+from rung.daemon.tasks.kind import Kind, Section
 
 
 def check_schema(schema: Mapping[str, Any], output: Any) -> Section:
@@ -124,115 +117,12 @@ def schema_message(e: jsonschema.ValidationError) -> str:
 _OWN = frozenset({"uniqueBy", "notReserved", "noControlCharacters"})
 
 
-def _st(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
-    """The POU parses and names only what it declares (valid); it uses the values the
-    request states, the building blocks its behaviour needs, and never assigns a VAR_INPUT
-    (right, as far as code can tell: ``st_request``). All gating."""
-    from rung.daemon.tasks import st_request
-    from rung.daemon.tasks.st import assigned_names, reserved_kind, validate_pou
-
-    result = validate_pou(output)
-    stated = st_request.read(data)
-    identifiers = result["identifiers"]
-    kind = reserved_kind(str(output.get("name", "")))
-    if kind is not None:   # a name the model chose (a request's name is refused earlier)
-        identifiers = {**identifiers, "ok": False, "errors": [*identifiers.get("errors", []), {
-            "path": "name", "message": f"the POU name {output.get('name')!r} is {kind} in "
-            "IEC 61131-3"}]}
-    return {"st_syntax": result["st_syntax"], "identifiers": identifiers,
-            "pou_text": result["text"],
-            "relevance": st_request.values_used(stated, output),
-            "building_blocks": st_request.blocks_used(stated, output),
-            "inputs": st_request.inputs_not_assigned(output, assigned_names(result["text"])),
-            **_behaviour(output, data)}
-
-
-def _behaviour(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Section]:
-    """With the request's test vectors: the POU executed on a simulated clock gives the
-    expected outputs (``st_exec.run_vectors``)."""
-    vectors = data.get("vectors")
-    if not isinstance(vectors, Mapping):
-        return {}
-    from rung.daemon.tasks.st_exec import run_vectors
-
-    try:
-        run = run_vectors(output, vectors)
-    except ValueError as e:   # vectors the input schema let through but cannot run
-        return {"behaviour": {"ok": False, "errors": [{"path": "vectors", "message": str(e)}]}}
-    errors = [{"path": "body", "message": f"at t = {f.get('t')} s: {f.get('message') or f}"}
-              for f in run.get("failures") or []]
-    if run.get("error"):
-        errors.insert(0, {"path": "body", "message": str(run["error"])})
-    return {"behaviour": {"ok": bool(run.get("ok")), "errors": errors[:20],
-                          "steps": run.get("steps", 0)}}
-
-
-def _fault_tree(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Section]:
-    """The tree's checks and analysis; evidence names a point of the request and quotes its
-    reading; no basic event is named like a gate (``G_``); the basic events name the
-    components the request's ``system`` lists (``fault_tree.check_components``)."""
-    from rung.daemon.tasks.fault_tree import GATE_PREFIX, analyze_fault_tree, check_components
-
-    points = data.get("points")
-    known = [p["name"] for p in points] if isinstance(points, list) else None
-    by_name = ({p["name"]: p for p in reversed(points) if isinstance(p, dict)}
-               if isinstance(points, list) else None)
-    system = data.get("system")
-    return {"fault_tree": analyze_fault_tree(output, known_points=known, points=by_name,
-                                             gate_prefix=GATE_PREFIX),
-            "components": check_components(output, system if isinstance(system, str) else "")}
-
-
-def expected_state(value: Any, limits: Mapping[str, Any]) -> str | None:
-    """normal / alert / alarm from a value and its limits; None when not decidable.
-
-    A number against the numeric limits (``alarm``/``alert`` from above, ``low_alarm``/
-    ``low_alert`` from below); a boolean against the boolean ones (a fault flag:
-    ``{"alarm": true}`` is in alarm when true, ``{"alert": false}`` in alert when false).
-    """
-    if not limits:
-        return None
-    if isinstance(value, bool):
-        flags = {k: v for k, v in limits.items() if k in ("alarm", "alert")
-                 and isinstance(v, bool)}
-        if not flags:
-            return None
-        return next((k for k in ("alarm", "alert") if k in flags and flags[k] is value),
-                    "normal")
-    if not isinstance(value, int | float):
-        return None
-    numeric = {k: v for k, v in limits.items()
-               if isinstance(v, int | float) and not isinstance(v, bool)}
-    if not numeric:
-        return None
-    if ("alarm" in numeric and value >= numeric["alarm"]) or (
-            "low_alarm" in numeric and value <= numeric["low_alarm"]):
-        return "alarm"
-    if ("alert" in numeric and value >= numeric["alert"]) or (
-            "low_alert" in numeric and value <= numeric["low_alert"]):
-        return "alert"
-    return "normal"
-
-
-def _diagnosis(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Section]:
-    """The answer against what code knows of the request (``daemon/tasks/diagnosis.py``):
-    states, evidence, faults, priority, prognosis, the names in free text."""
-    from rung.daemon.tasks.diagnosis import check
-
-    return {"diagnosis": check(output, data)}
-
-
-VALIDATORS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]] = {
-    "st": _st, "fault_tree": _fault_tree, "diagnosis": _diagnosis}
-
-
-def validate_output(schema: Mapping[str, Any], validators: tuple[str, ...], output: Any,
+def validate_output(schema: Mapping[str, Any], kind: Kind, output: Any,
                     data: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
-    """(all ok, the validation object). Semantic validators run on schema-valid output."""
+    """(all ok, the validation object). The kind's validator runs on schema-valid output."""
     validation: dict[str, Any] = {"schema": check_schema(schema, output)}
     if validation["schema"]["ok"]:
-        for name in validators:
-            validation.update(VALIDATORS[name](output, data))
+        validation.update(kind.validate(output, data))
     ok = all(s.get("ok", True) for s in validation.values()
              if isinstance(s, dict) and not s.get("advisory"))
     return ok, validation

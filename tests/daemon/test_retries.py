@@ -17,7 +17,7 @@ import pytest
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer, Scheduler
 from rung.daemon.tasks.runner import RETRY_MODES, Prepared, RetryPolicy, TaskRunner
-from rung.daemon.tasks.st_exec import DEFAULT_WORK_BUDGET
+from rung.daemon.tasks.st.interpreter import DEFAULT_WORK_BUDGET
 from rung.daemon.tasks.task import Task, TaskError, load_tasks
 from rung.engines import load_engine
 from rung.engines.sampler import SamplingParams

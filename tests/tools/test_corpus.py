@@ -9,9 +9,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from rung.daemon.tasks import diagnosis
-from rung.daemon.tasks.fault_tree import GATE_PREFIX
-from rung.daemon.tasks.shaping import Shape, compact, shape
+from rung.daemon.tasks.diagnosis import snapshot
+from rung.daemon.tasks.fault_tree.analysis import GATE_PREFIX
+from rung.daemon.tasks.shaping import Shape, compact
 from rung.daemon.tasks.task import Task, load_tasks
 from rung.daemon.tasks.validate import validate_output
 from rung.tools.corpus import TASKS, describe, generate, main
@@ -72,7 +72,7 @@ def test_tasks_round_robin_and_subset() -> None:
 def _problems(sample: dict[str, Any], task: Task) -> list[Any]:
     problems: list[Any] = [e.message for e in jsonschema.Draft202012Validator(
         task.input_schema).iter_errors(sample["input"])]
-    ok, validation = validate_output(task.output_schema, task.validators, sample["output"],
+    ok, validation = validate_output(task.output_schema, task.kind, sample["output"],
                                      sample["input"])
     if not ok:
         problems += [{k: v["errors"]} for k, v in validation.items()
@@ -131,17 +131,17 @@ def _diagnoses(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_diagnosis_is_what_code_knows(corpus: list[dict[str, Any]]) -> None:
-    """States, prognosis and the priorities allowed as ``daemon/tasks/diagnosis.py``
+    """States, prognosis and the priorities allowed as ``daemon/tasks/diagnosis/snapshot.py``
     computes them; evidence from abnormal points only, in snapshot order."""
     for s in _diagnoses(corpus):
         data, out = s["input"], s["output"]
-        known = diagnosis.facts(data)
+        known = snapshot.facts(data)
         assert out["state_detection"] == known.states, describe(s)
         prognosis = {k: v for k, v in out["prognosis"].items() if k != "note"}
         assert prognosis == known.prognosis, describe(s)
         assert ("note" in out["prognosis"]) == (prognosis["status"] == "assessed"), describe(s)
         priority = out["advisory"]["priority"]
-        assert priority in diagnosis.priorities(known, diagnosis.builtin_floor()), describe(s)
+        assert priority in snapshot.priorities(known, snapshot.builtin_floor()), describe(s)
         want = ({"high", "critical"} if known.worst == "alarm" else
                 {"medium", "high"} if known.worst == "alert" or known.faults_possible
                 else {"low"})
@@ -173,7 +173,7 @@ def test_diagnosis_histories(corpus: list[dict[str, Any]]) -> None:
         with_history += has
         if not has:
             assert s["output"]["prognosis"] == {"status": "not_assessed",
-                                                "reason": diagnosis.NO_HISTORY}, describe(s)
+                                                "reason": snapshot.NO_HISTORY}, describe(s)
     assert 0.3 <= with_history / len(_diagnoses(corpus)) <= 0.7
 
 
@@ -227,7 +227,7 @@ def test_answers_fit_their_shapes(which: str, request: pytest.FixtureRequest,
         if s["task"] == "st_code":   # its stages are grammars (tests/daemon/tasks)
             continue
         task = tasks[s["task"]]
-        sh = shape(task.output_schema, task.validators, s["input"])
+        sh = task.kind.shape(task.output_schema, s["input"])
         text = compact(s["output"])
         if not text.startswith(sh.prefix):
             failures.append(f"#{i} {describe(s)}: does not start with {sh.prefix[:200]}")

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.tasks import st_request
+from rung.daemon.tasks.kinds import KINDS
 from rung.daemon.tasks.quality import judge
-from rung.daemon.tasks.st_exec import run_vectors
+from rung.daemon.tasks.st import request as st_request
+from rung.daemon.tasks.st.interpreter import run_vectors
 from rung.daemon.tasks.task import Task, load_tasks
 from rung.daemon.tasks.validate import validate_output
 from rung.tools.corpus_st import ARCHETYPES
@@ -62,8 +63,8 @@ def test_every_sample_valid_and_right(name: str, task: Task) -> None:
     descriptions = set()
     for seed in SEEDS:
         data, output, _ = _sample(name, seed)
-        _, v = validate_output(task.output_schema, task.validators, output, data)
-        verdict = judge("st_code", v)
+        _, v = validate_output(task.output_schema, task.kind, output, data)
+        verdict = judge(KINDS["st"], v)
         assert verdict.right, (seed, verdict.reason, data, output["body"])
         descriptions.add(data["description"])
     assert len(descriptions) >= 40   # varied values and prose

@@ -8,8 +8,7 @@ import json
 import random
 from collections import Counter
 
-from rung.daemon.tasks import st_request
-from rung.daemon.tasks.shaping import shape
+from rung.daemon.tasks.st import request as st_request
 from rung.daemon.tasks.task import load_tasks
 from rung.daemon.tasks.validate import validate_output
 from rung.tools.corpus_st import ARCHETYPES, st_sample
@@ -23,7 +22,7 @@ def test_samples_start_as_rung_writes_them_and_read_every_setpoint() -> None:
         rng = random.Random(11)
         for _ in range(6):
             data, output = st_sample(rng, name)
-            prefix = shape(st.output_schema, st.validators, data).prefix
+            prefix = st.kind.shape(st.output_schema, data).prefix
             text = json.dumps(output, separators=(",", ":"), ensure_ascii=False)
             assert text.startswith(prefix), (name, prefix, text[:300])
             _, setpoints = st_request.declared(data)
@@ -35,7 +34,7 @@ def test_samples_start_as_rung_writes_them_and_read_every_setpoint() -> None:
                 assert sp in output["variables"]
                 assert st_request.values_used(st_request.read(data), output)["ok"], name
                 assert f"{sp['name']} :=" not in body, (name, body)
-            ok, v = validate_output(st.output_schema, st.validators, output, data)
+            ok, v = validate_output(st.output_schema, st.kind, output, data)
             assert ok, (name, v)
     # most archetypes that state values are served with setpoints
     assert len(with_setpoints) >= 15, with_setpoints

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rung.daemon.tasks.fault_tree import system_components
+from rung.daemon.tasks.fault_tree.analysis import system_components
 from rung.daemon.tasks.runner import RetryPolicy, TaskRunner
 from rung.daemon.tasks.task import load_tasks
 from rung.engines import load_engine

@@ -24,9 +24,9 @@ import jsonschema
 import pytest
 import yaml
 
-from rung.daemon.tasks.st_exec import run_vectors
+from rung.daemon.tasks.kinds import KINDS
+from rung.daemon.tasks.st.interpreter import run_vectors
 from rung.daemon.tasks.task import builtin_tasks_dir, load_tasks
-from rung.daemon.tasks.validate import VALIDATORS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "handwritten.json"
 TASKS = ("st_code", "fault_tree", "diagnosis")
@@ -98,7 +98,7 @@ def test_every_request_is_valid_input(task: str) -> None:
 
 def test_diagnosis_requests_cover_the_cases() -> None:
     def states(request: dict[str, Any]) -> list[str]:
-        from rung.daemon.tasks.diagnosis import states as computed
+        from rung.daemon.tasks.diagnosis.snapshot import states as computed
         return [s["state"] for s in computed(request)]
 
     diagnoses = HAND["diagnosis"]
@@ -111,7 +111,7 @@ def test_diagnosis_requests_cover_the_cases() -> None:
     with_history = [d for d in diagnoses if any(p.get("history") for p in d["points"])]
     assert len(all_normal) >= 2 and len(one_alarm) >= 2 and len(flag_set) >= 2
     assert len(with_history) >= 4
-    from rung.daemon.tasks.diagnosis import prognosis
+    from rung.daemon.tasks.diagnosis.snapshot import prognosis
     for d in with_history:
         for p in d["points"]:
             if p.get("history"):
@@ -278,7 +278,7 @@ def test_reference_pou_passes_its_vectors_and_a_wrong_one_fails(name: str) -> No
     got = run_vectors(ref, vectors)
     assert got["ok"], got
     # the reference is also an answer rung's checks accept for this request
-    checks = VALIDATORS["st"](ref, request)
+    checks = KINDS["st"].validate(ref, request)
     for section in ("st_syntax", "identifiers", "relevance", "building_blocks", "inputs"):
         assert checks[section]["ok"], (section, checks[section])
     wrong = copy.deepcopy(ref)
@@ -882,7 +882,7 @@ def test_description_only_reference_passes_and_a_wrong_one_fails(start: str) -> 
                 if v["section"] in ("VAR_INPUT", "VAR_OUTPUT")} | {ref["name"]}
     assert used <= declared, used - declared
     # what the eval judges such an answer by: rung's checks for the request as asked
-    checks = VALIDATORS["st"](ref, request)
+    checks = KINDS["st"].validate(ref, request)
     for section in ("st_syntax", "identifiers", "relevance", "building_blocks", "inputs"):
         assert checks[section]["ok"], (section, checks[section])
     wrong = copy.deepcopy(ref)

@@ -102,7 +102,7 @@ def test_reworded_requests_read_as_the_same_request() -> None:
     still passes every check; about half are asked as a description only."""
     import random
 
-    from rung.daemon.tasks import st_request
+    from rung.daemon.tasks.st import request as st_request
     from rung.tools.corpus_reading import same_request
 
     rng = random.Random(0)
@@ -111,13 +111,13 @@ def test_reworded_requests_read_as_the_same_request() -> None:
     changed = [(a, b) for a, b in zip(samples, out, strict=True) if b.get("reworded")]
     assert len(changed) >= 30
     assert sum("name" not in b["input"] for _, b in changed) >= 10
-    from rung.daemon.tasks.shaping import compact, shape
+    from rung.daemon.tasks.shaping import compact
     from rung.daemon.tasks.task import load_tasks
 
     task = dict(load_tasks())["st_code"]
     for a, b in changed:
         # the answer starts as rung writes it for the reworded request, body kept
-        prefix = shape(task.output_schema, task.validators, b["input"]).prefix
+        prefix = task.kind.shape(task.output_schema, b["input"]).prefix
         assert compact(b["output"]).startswith(prefix), (prefix, compact(b["output"]))
         assert b["output"]["body"].count(";") == a["output"]["body"].count(";")
         assert [v.number for v in st_request.read(a["input"]).values] == \

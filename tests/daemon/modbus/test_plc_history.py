@@ -17,7 +17,7 @@ from rung.daemon.modbus.regmap import RegisterMapError, parse_map
 from rung.daemon.plc.points import History
 from rung.daemon.request import Request
 from rung.daemon.scheduler import Answer
-from rung.daemon.tasks.diagnosis import prognosis
+from rung.daemon.tasks.diagnosis.snapshot import prognosis
 from rung.daemon.tasks.runner import TaskRunner
 from tests.daemon.modbus.test_plc_agent import DONE, REQ, REQ_SEQ, _running, plant, run
 from tests.daemon.plc_rig import map_doc

@@ -17,9 +17,9 @@ import xmlschema
 
 from rung.daemon.cli import main
 from rung.daemon.plant.plcopen import PlcopenError, from_plcopen_xml, to_plcopen_xml
-from rung.daemon.plant.st_edition import EditionError, edition_problems, to_edition
+from rung.daemon.tasks.st.edition import EditionError, edition_problems, to_edition
 from rung.tools.corpus_st import ARCHETYPES, st_sample
-from tests.daemon.tasks.test_st import GOOD, var
+from tests.daemon.tasks.st.test_pou import GOOD, var
 
 XSD = Path(__file__).resolve().parents[2] / "data" / "tc6_xml_v201.xsd"
 
@@ -235,7 +235,7 @@ def test_one_pou_is_picked_by_name(schema: xmlschema.XMLSchema) -> None:
 
 def test_the_serving_path_does_not_import_a_schema_validator() -> None:
     code = ("import sys\nfrom rung.daemon.plant.plcopen import to_plcopen_xml, from_plcopen_xml\n"
-            "from tests.daemon.tasks.test_st import GOOD\n"
+            "from tests.daemon.tasks.st.test_pou import GOOD\n"
             "from_plcopen_xml(to_plcopen_xml(GOOD['motor'], 2))\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('xmlschema', 'elementpath', 'lxml')))\n")

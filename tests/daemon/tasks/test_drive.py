@@ -227,9 +227,9 @@ def test_generate_task_answers_ok_after_a_failed_try(task_engine: Path, tasks_di
     real = runner_module.validate_output
     tries: list[bool] = []
 
-    def first_fails(schema: Any, validators: tuple[str, ...], output: Any,
+    def first_fails(schema: Any, kind: Any, output: Any,
                     data: Any) -> tuple[bool, dict[str, Any]]:
-        ok, validation = real(schema, validators, output, data)
+        ok, validation = real(schema, kind, output, data)
         tries.append(ok)
         if len(tries) > 1:
             return ok, validation

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rung.daemon.tasks.kinds import KINDS
 from rung.daemon.tasks.quality import Tally, judge
 from rung.daemon.tasks.validate import validate_output
 
@@ -33,8 +34,8 @@ NO_HYSTERESIS = "bPump := rLevel >= 70.0 OR rLevel <= 35.0 AND FALSE;"
 
 def _judge(body: str, data: dict[str, Any] = DRAIN) -> Any:
     output = _pou(body)
-    ok, validation = validate_output({}, ("st",), output, data)
-    return ok, judge("st_code", validation)
+    ok, validation = validate_output({}, KINDS["st"], output, data)
+    return ok, judge(KINDS["st"], validation)
 
 
 def test_a_pou_that_behaves_is_right() -> None:
@@ -54,7 +55,7 @@ def test_a_pou_that_does_not_parse_is_not_even_valid() -> None:
 
 
 def test_no_answer_is_neither() -> None:
-    v = judge("diagnosis", None, error="max_tokens reached")
+    v = judge(KINDS["diagnosis"], None, error="max_tokens reached")
     assert not v.valid and not v.right and v.reason == "max_tokens reached"
 
 
@@ -79,5 +80,5 @@ def test_malformed_vectors_are_the_requests_mistake() -> None:
     bad = {**DRAIN, "vectors": {"scan_s": 0.1, "steps": [{"t": 2.0}, {"t": 1.0}]}}
     with pytest.raises(TaskError, match="input vectors: step 1"):
         st.check_input(bad)
-    ok, v = validate_output({}, ("st",), _pou(RIGHT), {"description": "x"})
+    ok, v = validate_output({}, KINDS["st"], _pou(RIGHT), {"description": "x"})
     assert "behaviour" not in v   # no vectors, no behaviour section

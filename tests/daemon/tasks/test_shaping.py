@@ -11,8 +11,8 @@ from typing import Any
 import jsonschema
 import pytest
 
+from rung.daemon.tasks.diagnosis import snapshot
 from rung.daemon.tasks.runner import TaskRunner
-from rung.daemon.tasks.shaping import shape, state_detection
 from rung.daemon.tasks.task import load_tasks
 from rung.daemon.tasks.validate import validate_output
 from rung.engines import load_engine
@@ -30,13 +30,13 @@ SNAPSHOT = {"asset": "Hydraulic press 1", "points": [
 
 def test_diagnosis_states_are_computed_and_evidence_names_come_from_the_input() -> None:
     task = TASKS["diagnosis"]
-    s = shape(task.output_schema, task.validators, SNAPSHOT)
+    s = task.kind.shape(task.output_schema, SNAPSHOT)
     states = [{"point": "oil_temp", "state": "alarm"}, {"point": "pressure", "state": "alert"},
               {"point": "vibration", "state": "normal"}]   # pump_on: no limits, not decided
-    assert state_detection(SNAPSHOT) == states
+    assert snapshot.states(SNAPSHOT) == states
     assert s.prefix == '{"state_detection":' + json.dumps(states, separators=(",", ":")) + ","
     evidence = s.schema["properties"]["health_assessment"]["items"]["properties"]["evidence"]
-    # only the points that are not normal, each at most once (test_diagnosis.py)
+    # only the points that are not normal, each at most once (diagnosis/test_snapshot.py)
     assert [[c["const"] for c in alt["prefixItems"]] for alt in evidence["anyOf"]] == [
         ["oil_temp"], ["pressure"], ["oil_temp", "pressure"]]
     # a narrowed schema accepts only answers of the published one
@@ -54,17 +54,17 @@ def test_diagnosis_states_are_computed_and_evidence_names_come_from_the_input() 
 
 def test_fault_tree_evidence_and_st_constants() -> None:
     ft = TASKS["fault_tree"]
-    s = shape(ft.output_schema, ft.validators, {"top_event": "t", "system": "s",
+    s = ft.kind.shape(ft.output_schema, {"top_event": "t", "system": "s",
                                                 "points": [{"name": "p1", "value": 1}]})
     point = s.schema["properties"]["basic_events"]["items"]["properties"]["evidence"]
-    # one object per point, its observation starting with the reading (test_fault_tree_shape)
+    # one object per point, its observation starting with the reading (fault_tree/test_shape.py)
     assert [a["properties"]["point"] for a in point["anyOf"]] == [{"const": "p1"}]
     assert s.prefix == ""
-    free = shape(ft.output_schema, ft.validators, {"top_event": "t", "system": "s"}).schema
+    free = ft.kind.shape(ft.output_schema, {"top_event": "t", "system": "s"}).schema
     point = free["properties"]["basic_events"]["items"]["properties"]["evidence"]
     assert point["properties"]["point"] == {"type": "string", "maxLength": 64}
     st = TASKS["st_code"]
-    s = shape(st.output_schema, st.validators, {"description": "d", "name": "FB_Pump",
+    s = st.kind.shape(st.output_schema, {"description": "d", "name": "FB_Pump",
                                                 "pou_type": "FUNCTION_BLOCK"})
     assert s.schema["properties"]["name"] == {"const": "FB_Pump"}
     assert s.schema["properties"]["pou_type"] == {"const": "FUNCTION_BLOCK"}
@@ -89,18 +89,18 @@ def test_the_demo_model_cannot_contradict_the_snapshot(
     shaped, _ = demo
     r = _answer(shaped, "diagnosis", SNAPSHOT)
     assert r.output is not None, r.error
-    assert r.output["state_detection"] == state_detection(SNAPSHOT)
+    assert r.output["state_detection"] == snapshot.states(SNAPSHOT)
     assert json.loads(r.generation.text) == r.output   # the text is the whole answer
     for h in r.output["health_assessment"]:
         assert set(h["evidence"]) <= {p["name"] for p in SNAPSHOT["points"]}
-    ok, validation = validate_output(TASKS["diagnosis"].output_schema, ("diagnosis",),
+    ok, validation = validate_output(TASKS["diagnosis"].output_schema, TASKS["diagnosis"].kind,
                                      r.output, SNAPSHOT)
     assert validation["diagnosis"]["ok"], validation
     # sampled answers too: 5 seeds, every one agrees with the snapshot
     for seed in range(5):
         s = _answer(shaped, "diagnosis", SNAPSHOT, temperature=1.0, seed=seed)
         if s.output is not None:
-            assert s.output["state_detection"] == state_detection(SNAPSHOT)
+            assert s.output["state_detection"] == snapshot.states(SNAPSHOT)
 
 
 @pytest.mark.slow
@@ -119,7 +119,7 @@ def test_an_st_answer_keeps_the_requested_name_and_type(
 
 def test_fault_tree_gates_carry_what_their_type_needs() -> None:
     ft = TASKS["fault_tree"]
-    s = shape(ft.output_schema, ft.validators, {"top_event": "t", "system": "s"}).schema
+    s = ft.kind.shape(ft.output_schema, {"top_event": "t", "system": "s"}).schema
     base = {"top": "G_1", "description": "d", "basic_events": [
         {"id": "E1", "description": "e", "probability": 0.1},
         {"id": "E2", "description": "e", "probability": 0.1}]}
@@ -131,7 +131,7 @@ def test_fault_tree_gates_carry_what_their_type_needs() -> None:
            {"id": "G_1", "type": "ATLEAST", "inputs": ["E1"]},        # no k
            {"id": "G_1", "type": "NOT", "inputs": ["E1", "E2"]},      # two inputs
            {"id": "G_1", "type": "INHIBIT", "inputs": ["E1"]}]        # no condition
-    for gate in ok + bad:   # a gate's description is required here (test_fault_tree_shape)
+    for gate in ok + bad:   # a gate's description is required here (fault_tree/test_shape.py)
         gate["description"] = "g"
     for gate in ok:
         jsonschema.validate({**base, "gates": [gate]}, s)
@@ -143,7 +143,7 @@ def test_fault_tree_gates_carry_what_their_type_needs() -> None:
 
 def test_fault_tree_basic_events_are_what_the_gates_name() -> None:
     ft = TASKS["fault_tree"]
-    sh = shape(ft.output_schema, ft.validators, {"top_event": "t", "system": "s"})
+    sh = ft.kind.shape(ft.output_schema, {"top_event": "t", "system": "s"})
     assert sh.restage is not None
     head = ('{"top":"G_1","description":"d","gates":[{"id":"G_1","type":"OR","inputs":'
             '["E_A","G_2"],"description":"g"},{"id":"G_2","type":"INHIBIT","inputs":["E_B"],'

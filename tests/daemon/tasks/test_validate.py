@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from rung.daemon.tasks.diagnosis.snapshot import expected_state
 from rung.daemon.tasks.task import load_tasks
-from rung.daemon.tasks.validate import expected_state, validate_output
+from rung.daemon.tasks.validate import validate_output
 
 SNAPSHOT = {"asset": "Pump 3", "points": [
     {"name": "oil_temp", "value": 91.0, "unit": "degC", "limits": {"alert": 70, "alarm": 85}},
@@ -32,7 +33,7 @@ def _diagnosis(**changes: Any) -> dict[str, Any]:
 
 def _check(output: Any) -> tuple[bool, dict[str, Any]]:
     task = load_tasks()["diagnosis"]
-    return validate_output(task.output_schema, task.validators, output, SNAPSHOT)
+    return validate_output(task.output_schema, task.kind, output, SNAPSHOT)
 
 
 def test_good_diagnosis_passes() -> None:
@@ -82,7 +83,7 @@ def test_expected_state(value: Any, limits: dict[str, float], state: str | None)
 
 
 def test_relevance_finds_stated_values_in_the_pou() -> None:
-    from rung.daemon.tasks import st_request
+    from rung.daemon.tasks.st import request as st_request
 
     text = ("Compressor: run when pressure drops below 6.5 bar, stop above 7.5 bar, never "
             "restart within 60 s, pause 500 ms; fill to 20 %; pumps P1 and P2 on line 3.")

@@ -42,7 +42,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rung.daemon.tasks.fault_tree import (
+from rung.daemon.tasks.fault_tree.analysis import (
     GATE_PREFIX,
     MIN_COMPONENTS,
     Component,

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rung.daemon.tasks.st import RESERVED_NAMES
+from rung.daemon.tasks.st.pou import RESERVED_NAMES
 
 # a number in a request, with the unit that follows it, if any ("8.5 bar", "30 s", "70 %")
 # a number in a plant tag (P-101, TT-204A, XV-12) names equipment, not a value

@@ -1,4 +1,4 @@
-"""A fault tree's shape as it is written (``daemon/tasks/fault_tree_shape.py``): every gate
+"""A fault tree's shape as it is written (``daemon/tasks/fault_tree/shape.py``): every gate
 under the top, gate and basic-event ids told apart by name, evidence quoting its point's
 reading. The validator refuses each of the demo model's wrong answers; the request's
 grammar, followed token by token as the runner follows it, cannot write them; and the demo
@@ -16,7 +16,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from rung.daemon.tasks.fault_tree_shape import (
+from rung.daemon.tasks.fault_tree.shape import (
     EVENT_ID,
     GATE_ID,
     REF_ID,
@@ -24,7 +24,7 @@ from rung.daemon.tasks.fault_tree_shape import (
     observation_pattern,
 )
 from rung.daemon.tasks.runner import TaskRunner
-from rung.daemon.tasks.shaping import compact, shape
+from rung.daemon.tasks.shaping import compact
 from rung.daemon.tasks.task import load_tasks
 from rung.daemon.tasks.validate import validate_output
 from rung.engines import load_engine
@@ -90,7 +90,7 @@ WRONG = {"unreachable gate": (_unreachable, "gates[1]", "'G_OVERFEED_INH' is not
 
 
 def _validate(tree: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-    return validate_output(FT.output_schema, FT.validators, tree, REQUEST)
+    return validate_output(FT.output_schema, FT.kind, tree, REQUEST)
 
 
 def test_the_good_tree_passes() -> None:
@@ -157,7 +157,7 @@ def test_the_narrowed_schema_is_a_subset_of_the_published_one() -> None:
 
 
 def test_the_stages_follow_the_open_gate_references() -> None:
-    sh = shape(FT.output_schema, FT.validators, REQUEST)
+    sh = FT.kind.shape(FT.output_schema, REQUEST)
     assert sh.restage is not None and sh.restage_at == '"'
     text = compact(_good())
     gates_at = text.index('"gates":[')

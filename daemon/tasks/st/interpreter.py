@@ -1,9 +1,9 @@
 """Run an ``st_code`` answer: an interpreter for the Structured Text the body grammar allows.
 
-The checks in ``st.py`` tell whether a POU parses and names only what it declares; this module
+The checks in ``pou.py`` tell whether a POU parses and names only what it declares; this module
 tells whether it does what was asked, by running it. A POU object (``pou_type``, ``name``,
 ``variables``, ``body``, and ``return_type`` for a FUNCTION) is rendered and parsed exactly as
-the checker does it (``st.render_pou_with_map``, ``st._parse``: the same tree-sitter grammar),
+the checker does it (``pou.render_pou_with_map``, ``pou._parse``: the same tree-sitter grammar),
 the tree is compiled once into Python closures, and each ``Program.scan`` runs one PLC scan
 cycle on a simulated clock:
 
@@ -13,7 +13,7 @@ cycle on a simulated clock:
 
 ``run_vectors`` drives a program through timed test vectors and compares its outputs.
 
-What runs (the statements and expressions of ``st_grammar.body_grammar``, plus a few forms
+What runs (the statements and expressions of ``grammar.body_grammar``, plus a few forms
 IEC has that the grammar does not generate):
 
 * statements: ``:=`` (to a variable, an array element, an FB input ``tmr.PT``, a bit
@@ -100,7 +100,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from rung.daemon.tasks import st
+from rung.daemon.tasks.st import pou as st_pou
 
 if TYPE_CHECKING:
     from tree_sitter import Node
@@ -362,7 +362,7 @@ def _declare(raw: Mapping[str, Any], section: str, constant: bool) -> _Decl:
         raise StExecError(f"variable name {name!r} is not an identifier")
     type_text = " ".join(str(raw.get("type", "")).upper().split())
     decl = _Decl(name, name.upper(), section, type_text, constant=constant)
-    if type_text in st.FB_INPUTS:
+    if type_text in st_pou.FB_INPUTS:
         decl.fb = True
         if str(raw.get("initial") or "").strip():
             raise StExecError(f"'{name}': initial values of FB instances are not supported")
@@ -441,7 +441,7 @@ class _FB:
         self.reset()
 
     def reset(self) -> None:
-        for name, type_ in {**st.FB_INPUTS[self.TYPE], **st.FB_OUTPUTS[self.TYPE]}.items():
+        for name, type_ in {**st_pou.FB_INPUTS[self.TYPE], **st_pou.FB_OUTPUTS[self.TYPE]}.items():
             setattr(self, name, _DEFAULT[_kind(type_)])
 
     def call(self) -> None:
@@ -449,7 +449,7 @@ class _FB:
 
     def members(self) -> dict[str, Any]:
         return {name: _export(getattr(self, name), type_) for name, type_ in
-                {**st.FB_INPUTS[self.TYPE], **st.FB_OUTPUTS[self.TYPE]}.items()}
+                {**st_pou.FB_INPUTS[self.TYPE], **st_pou.FB_OUTPUTS[self.TYPE]}.items()}
 
 
 class _TON(_FB):
@@ -866,7 +866,7 @@ class _Compiler:
 
     def __init__(self, prog: Program, source: bytes, body_start: int) -> None:
         self.prog = prog
-        self.pos = st._Positions(source)
+        self.pos = st_pou._Positions(source)
         self.source = source
         self.body_start = body_start
         self.loops = 0
@@ -875,7 +875,7 @@ class _Compiler:
 
     def loc(self, node: Node) -> Loc:
         line, column = self.pos.at(node.start_point.row, node.start_point.column)
-        return st.to_body_position(line, column, self.body_start)
+        return st_pou.to_body_position(line, column, self.body_start)
 
     def err(self, node: Node, message: str) -> StExecError:
         return _fail(self.loc(node), message)
@@ -1007,7 +1007,7 @@ class _Compiler:
             raise self.err(node, f"'{d.name}' is a constant: it cannot be assigned")
         if d.fb:
             raise self.err(node, f"'{d.name}' is {_a(d.type)} instance: assign its inputs "
-                                 f"({', '.join(st.FB_INPUTS[d.type])}) or call it")
+                                 f"({', '.join(st_pou.FB_INPUTS[d.type])}) or call it")
 
     def target(self, node: Node) -> tuple[Callable[[Any], None], str, int, str]:
         """Where an assignment or an output capture stores: (setter, type, length, name)."""
@@ -1041,7 +1041,7 @@ class _Compiler:
             d = self.decl(obj)
             mname = self.text(member)
             if d.fb:
-                inputs, outputs = st.FB_INPUTS[d.type], st.FB_OUTPUTS[d.type]
+                inputs, outputs = st_pou.FB_INPUTS[d.type], st_pou.FB_OUTPUTS[d.type]
                 m = mname.upper()
                 if m in outputs:
                     raise self.err(member, f"'{mname}' is an output of {d.type}: it cannot "
@@ -1314,7 +1314,7 @@ class _Compiler:
             raise self.err(target, f"'{name}' is {_a(d.type)}, not an FB instance: it cannot be "
                                    "called")
         fb = self.prog._fbs[d.key]
-        inputs, outputs = st.FB_INPUTS[d.type], st.FB_OUTPUTS[d.type]
+        inputs, outputs = st_pou.FB_INPUTS[d.type], st_pou.FB_OUTPUTS[d.type]
         ins: list[tuple[str, Fn]] = []
         outs: list[tuple[str, Callable[[Any], None]]] = []
         seen: set[str] = set()
@@ -1372,7 +1372,7 @@ class _Compiler:
             d = self.decl(node)
             if d.fb:
                 raise self.err(node, f"'{d.name}' is {_a(d.type)} instance: read a member "
-                                     f"({', '.join(st.FB_OUTPUTS[d.type])})")
+                                     f"({', '.join(st_pou.FB_OUTPUTS[d.type])})")
             if d.bounds is not None:
                 raise self.err(node, f"'{d.name}' is an array: index it ({d.name}[i])")
             if d.constant:
@@ -1438,7 +1438,7 @@ class _Compiler:
         mname = self.text(member)
         if d.fb:
             m = mname.upper()
-            types = {**st.FB_INPUTS[d.type], **st.FB_OUTPUTS[d.type]}
+            types = {**st_pou.FB_INPUTS[d.type], **st_pou.FB_OUTPUTS[d.type]}
             if m not in types:
                 raise self.err(member, f"'{mname}' is not a member of {d.type} "
                                        f"({', '.join(types)})")
@@ -1556,7 +1556,7 @@ class _Compiler:
             if d.fb:
                 raise self.err(target, f"'{name}' is {_a(d.type)} instance: call it as a "
                                        "statement, then read its outputs (e.g. "
-                                       f"{name}.{next(iter(st.FB_OUTPUTS[d.type]))})")
+                                       f"{name}.{next(iter(st_pou.FB_OUTPUTS[d.type]))})")
             raise self.err(target, f"'{name}' is {_a(d.type)}: it cannot be called")
         args_node = self.field(node, "arguments")
         args = self.call_args(args_node, key, name)
@@ -1884,7 +1884,7 @@ def _shift(key: str, type_: str, fv: Fn, fn: Fn) -> Fn:
 
 
 def _is_function_name(key: str) -> bool:
-    return key in st.STANDARD_FUNCTIONS or _conversion(key) is not None
+    return key in st_pou.STANDARD_FUNCTIONS or _conversion(key) is not None
 
 
 _CONV_TYPES = frozenset({*_KIND} - {ANY_INT, ANY_REAL})
@@ -1903,7 +1903,8 @@ def _conversion(key: str) -> tuple[str | None, str, bool] | None:
         trunc = False
     else:
         return None
-    if dst not in st.CONVERSION_TYPES or (src is not None and src not in st.CONVERSION_TYPES):
+    if dst not in st_pou.CONVERSION_TYPES or (
+            src is not None and src not in st_pou.CONVERSION_TYPES):
         return None
     return src, dst, trunc
 
@@ -2054,15 +2055,15 @@ class Program:
         self.scans = 0
 
     def _compile(self, pou: Mapping[str, Any]) -> Stmt:
-        text, body_start = st.render_pou_with_map(pou)
-        parsed = st._parse(text)
+        text, body_start = st_pou.render_pou_with_map(pou)
+        parsed = st_pou._parse(text)
         if parsed is None:
-            raise StExecError(st.check_syntax("")["errors"][0]["message"])
+            raise StExecError(st_pou.check_syntax("")["errors"][0]["message"])
         tree, source = parsed
-        errors = st._syntax_errors(tree, st._Positions(source))
+        errors = st_pou._syntax_errors(tree, st_pou._Positions(source))
         if errors:
             first = errors[0]
-            at = st.to_body_position(first["line"], first["column"], body_start)
+            at = st_pou.to_body_position(first["line"], first["column"], body_start)
             raise StExecError(f"syntax: {first['message']}", *(at or (None, None)))
         decl = next((c for c in tree.root_node.named_children
                      if c.type.endswith("_declaration")), None)

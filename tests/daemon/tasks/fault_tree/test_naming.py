@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rung.daemon.tasks.fault_tree import check_components, system_components
-from rung.daemon.tasks.fault_tree_shape import fault_tree_shape, naming_pattern
+from rung.daemon.tasks.fault_tree.analysis import check_components, system_components
+from rung.daemon.tasks.fault_tree.shape import fault_tree_shape, naming_pattern
 from rung.daemon.tasks.runner import TaskRunner
 from rung.daemon.tasks.shaping import compact
 from rung.daemon.tasks.task import load_tasks

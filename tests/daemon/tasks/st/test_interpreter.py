@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.tasks.st_exec import (
+from rung.daemon.tasks.st.interpreter import (
     DEFAULT_WORK_BUDGET,
     Program,
     StExecError,

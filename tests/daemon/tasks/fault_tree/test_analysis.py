@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.tasks.fault_tree import analyze_fault_tree
+from rung.daemon.tasks.fault_tree.analysis import analyze_fault_tree
 
 Tree = dict[str, Any]
 

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from rung.daemon.request import Request
-from rung.daemon.tasks.fault_tree import (
+from rung.daemon.tasks.fault_tree.analysis import (
     check_components,
     required_components,
     system_components,
 )
+from rung.daemon.tasks.kinds import KINDS
 from rung.daemon.tasks.quality import judge
 from rung.daemon.tasks.runner import RetryPolicy, TaskResult, TaskRunner, feedback_findings
 from rung.daemon.tasks.task import load_tasks
@@ -26,7 +27,7 @@ from rung.engines.sampler import SamplingParams
 from rung.engines.tokenizer import Tokenizer
 
 PUMP = "a centrifugal pump, suction strainer, motor, contactor and check valve"
-HANDWRITTEN = Path(__file__).resolve().parents[2] / "data" / "handwritten.json"
+HANDWRITTEN = Path(__file__).resolve().parents[3] / "data" / "handwritten.json"
 
 
 def _heads(system: str) -> list[tuple[str, str]]:
@@ -91,7 +92,7 @@ def _tree(*descriptions: str, condition: str | None = None) -> dict[str, Any]:
 
 def _validate(tree: dict[str, Any], system: str = PUMP) -> tuple[bool, dict[str, Any]]:
     task = load_tasks()["fault_tree"]
-    return validate_output(task.output_schema, task.validators, tree,
+    return validate_output(task.output_schema, task.kind, tree,
                            {"top_event": "P-301 runs but delivers no cooling water",
                             "system": system})
 
@@ -103,7 +104,7 @@ def test_events_that_name_the_components_pass() -> None:
     section = v["components"]
     assert section["named"] == ["suction strainer", "motor", "contactor", "check valve"]
     assert section["required"] == 3 and section["unnamed_events"] == ["E_3"]
-    assert judge("fault_tree", v).right
+    assert judge(KINDS["fault_tree"], v).right
 
 
 def test_generic_events_fail_with_the_events_and_the_components() -> None:
@@ -119,7 +120,7 @@ def test_generic_events_fail_with_the_events_and_the_components() -> None:
         "strainer, motor, contactor, check valve; events that name none: E_0, E_1")
     # the INHIBIT condition is a state, not a failure: not listed to rename
     assert "C_MAINT" not in message
-    verdict = judge("fault_tree", v)
+    verdict = judge(KINDS["fault_tree"], v)
     assert verdict.valid and not verdict.right
     assert verdict.reason is not None and verdict.reason.startswith("components: ")
     # what a feedback retry is shown

@@ -42,14 +42,14 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from rung.daemon.tasks.st import (
+from rung.daemon.tasks.st.interpreter import type_kind
+from rung.daemon.tasks.st.pou import (
     CONVERSION_TYPES,
     FB_INPUTS,
     FB_OUTPUTS,
     INTEGER_TYPES,
     RESERVED_NAMES,
 )
-from rung.daemon.tasks.st_exec import type_kind
 
 BODY_MARK = '"body":"'
 VARIABLES_MARK = '"variables":['
@@ -162,7 +162,7 @@ def resolved(schema: Any, defs: Mapping[str, Any]) -> Any:
 
 
 # the value classes the grammar keeps apart: BOOL, numbers (integers, bit strings, reals),
-# durations, strings, from the interpreter's classes (``st_exec.type_kind``); a type it
+# durations, strings, from the interpreter's classes (``interpreter.type_kind``); a type it
 # does not run (DATE, a user type) is left out
 KINDS = ("b", "n", "t", "s")
 _KIND_OF = {"bool": "b", "int": "n", "real": "n", "time": "t", "string": "s"}
@@ -207,7 +207,7 @@ _INITIAL_TYPES = (*sorted(INTEGER_TYPES), "BOOL", "REAL", "LREAL", "TIME", "LTIM
 
 
 def _initial_pattern(kind: str, numbers: Sequence[str] | None) -> str | None:
-    """The pattern of an initial value of class ``kind`` (``st_exec.type_kind``): the
+    """The pattern of an initial value of class ``kind`` (``interpreter.type_kind``): the
     literals a variable of that class may start with (with ``numbers``, only those numbers;
     an integer only the whole ones). None: none can be written."""
     if kind == "bool":
@@ -283,7 +283,7 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
     variable or member, ``NOT``/``AND``/``OR``), a REAL or INT target a number, a TIME
     target or ``PT`` a duration; a timer's ``IN`` is never a REAL.
     ``numbers``: the only numeric literals the body may write (the request's stated
-    values, ``st_request.literals``); None: any. ``fixed``: variables read, never assigned
+    values, ``request.literals``); None: any. ``fixed``: variables read, never assigned
     (the setpoints code declared from the request's values)."""
     fixed_upper = {f.upper() for f in fixed}
     var: dict[str, list[str]] = {k: [] for k in KINDS}        # read as values

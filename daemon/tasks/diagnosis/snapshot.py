@@ -35,8 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from rung.daemon.tasks.validate import expected_state
-
 Schema = dict[str, Any]
 
 STATES = ("normal", "alert", "alarm")
@@ -60,6 +58,37 @@ NO_HISTORY = ("a single snapshot has no trend; send each point's history to asse
 
 
 # -- state detection and what an answer may cite --------------------------------------
+
+
+def expected_state(value: Any, limits: Mapping[str, Any]) -> str | None:
+    """normal / alert / alarm from a value and its limits; None when not decidable.
+
+    A number against the numeric limits (``alarm``/``alert`` from above, ``low_alarm``/
+    ``low_alert`` from below); a boolean against the boolean ones (a fault flag:
+    ``{"alarm": true}`` is in alarm when true, ``{"alert": false}`` in alert when false).
+    """
+    if not limits:
+        return None
+    if isinstance(value, bool):
+        flags = {k: v for k, v in limits.items() if k in ("alarm", "alert")
+                 and isinstance(v, bool)}
+        if not flags:
+            return None
+        return next((k for k in ("alarm", "alert") if k in flags and flags[k] is value),
+                    "normal")
+    if not isinstance(value, int | float):
+        return None
+    numeric = {k: v for k, v in limits.items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+    if not numeric:
+        return None
+    if ("alarm" in numeric and value >= numeric["alarm"]) or (
+            "low_alarm" in numeric and value <= numeric["low_alarm"]):
+        return "alarm"
+    if ("alert" in numeric and value >= numeric["alert"]) or (
+            "low_alert" in numeric and value <= numeric["low_alert"]):
+        return "alert"
+    return "normal"
 
 
 def states(data: Mapping[str, Any]) -> list[dict[str, str]]:

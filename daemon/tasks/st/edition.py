@@ -11,7 +11,7 @@ rewritten by :func:`to_edition`:
 * string literals (``'...'``, ``"..."``, with ``$`` escapes) and pragmas (``{...}``) are
   never touched, so ``'http://x'`` keeps its slashes.
 
-Block comments are read as the project's ST grammar reads them (``daemon/tasks/st.py``): a
+Block comments are read as the project's ST grammar reads them (``daemon/tasks/st/pou.py``): a
 ``(*`` comment ends at the first ``*)``. :func:`edition_problems` lists what an edition's
 toolchain would refuse, with 1-based line and column.
 """

@@ -1,4 +1,4 @@
-"""What code knows of a diagnosis (``daemon/tasks/diagnosis.py``): the trend fit, the
+"""What code knows of a diagnosis (``daemon/tasks/diagnosis/snapshot.py``): the trend fit, the
 request's narrowed schema and the validator, each against the wrong answer the shipped demo
 model once gave for a PLC snapshot (an ``assessed`` prognosis of 22 h "by linear
 extrapolation of tank_vib_rms" from one snapshot, a point the snapshot does not have;
@@ -16,10 +16,9 @@ import jsonschema
 import numpy as np
 import pytest
 
-from rung.daemon.tasks import diagnosis
-from rung.daemon.tasks.diagnosis import facts, narrow, prognosis, theil_sen, trend
+from rung.daemon.tasks.diagnosis import snapshot
+from rung.daemon.tasks.diagnosis.snapshot import facts, narrow, prognosis, theil_sen, trend
 from rung.daemon.tasks.runner import RetryPolicy, TaskRunner
-from rung.daemon.tasks.shaping import shape
 from rung.daemon.tasks.task import load_tasks
 from rung.daemon.tasks.validate import validate_output
 from rung.engines import load_engine
@@ -128,14 +127,14 @@ def test_what_gives_no_trend_says_why() -> None:
     assert trend(back) == "oil_temp: history times do not increase"
     hot = trend({**p, "value": 86.0})            # already at its alarm limit
     assert not isinstance(hot, str) and hot.rul_h == 0.0
-    assert prognosis(SNAPSHOT) == {"status": "not_assessed", "reason": diagnosis.NO_HISTORY}
+    assert prognosis(SNAPSHOT) == {"status": "not_assessed", "reason": snapshot.NO_HISTORY}
 
 
 # -- the narrowed schema ----------------------------------------------------------------
 
 
 def _narrowed(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    s = shape(TASK.output_schema, TASK.validators, data)
+    s = TASK.kind.shape(TASK.output_schema, data)
     assert unenforceable_keywords(s.schema) == []          # the grammar can enforce it all
     return s.schema, s.prefix
 
@@ -145,7 +144,7 @@ def _answer(**changes: Any) -> dict[str, Any]:
         "state_detection": STATES,
         "health_assessment": [{"fault": "Cooler fouled", "component": "oil cooler",
                                "confidence": 0.6, "evidence": ["oil_temp"]}],
-        "prognosis": {"status": "not_assessed", "reason": diagnosis.NO_HISTORY},
+        "prognosis": {"status": "not_assessed", "reason": snapshot.NO_HISTORY},
         "advisory": {"priority": "high", "actions": ["Check the oil cooler"],
                      "requires_human_confirmation": True}}
     good.update(changes)
@@ -194,7 +193,7 @@ def test_every_point_normal_asserts_no_fault_at_low_priority() -> None:
     assert props["health_assessment"] == {"type": "array", "maxItems": 0}
     assert props["advisory"]["properties"]["priority"] == {"enum": ["low"]}
     assert prefix.endswith('"health_assessment":[],"prognosis":{"status":"not_assessed",'
-                           f'"reason":"{diagnosis.NO_HISTORY}"}},')
+                           f'"reason":"{snapshot.NO_HISTORY}"}},')
     good = _answer(state_detection=[{"point": "oil_temp", "state": "normal"},
                                     {"point": "vibration", "state": "normal"}],
                    health_assessment=[],
@@ -218,23 +217,23 @@ def test_priority_follows_the_worst_state() -> None:
     assert allowed(missing) == ["low", "medium", "high", "critical"]     # a reading missing
     # the setting is the task's: a stricter one narrows further
     strict = copy.deepcopy(TASK.output_schema)
-    strict["properties"]["advisory"]["properties"]["priority"][diagnosis.FLOOR_KEY] = {
+    strict["properties"]["advisory"]["properties"]["priority"][snapshot.FLOOR_KEY] = {
         "normal": "low", "alert": "high", "alarm": "critical"}
     schema, _ = narrow(strict, alert)
     assert schema["properties"]["advisory"]["properties"]["priority"]["enum"] == [
         "high", "critical"]
-    assert diagnosis.floor(TASK.output_schema) == diagnosis.DEFAULT_FLOOR
+    assert snapshot.floor(TASK.output_schema) == snapshot.DEFAULT_FLOOR
     for bad in ({"normal": "low", "alert": "medium"}, {"normal": "high", "alert": "low",
                                                        "alarm": "low"}):
-        strict["properties"]["advisory"]["properties"]["priority"][diagnosis.FLOOR_KEY] = bad
+        strict["properties"]["advisory"]["properties"]["priority"][snapshot.FLOOR_KEY] = bad
         with pytest.raises(ValueError, match="x-minimum-priority"):
-            diagnosis.floor(strict)
+            snapshot.floor(strict)
 
 
 def test_prognosis_is_a_constant_without_history_and_computed_with_it() -> None:
     schema, _ = _narrowed(SNAPSHOT)
     assert schema["properties"]["prognosis"] == {"const": {
-        "status": "not_assessed", "reason": diagnosis.NO_HISTORY}}
+        "status": "not_assessed", "reason": snapshot.NO_HISTORY}}
     assessed = {"status": "assessed", "remaining_useful_life_h": 22, "confidence": 0.5,
                 "note": "linear extrapolation of tank_vib_rms"}
     assert not _fits(_answer(prognosis=assessed), schema)
@@ -268,9 +267,9 @@ def test_free_text_may_name_only_the_request_points() -> None:
         assert not _fits(bad, schema), text
         assert _fits(bad, TASK.output_schema)
     assert actions["items"]["maxLength"] == 200
-    assert diagnosis.unknown_names("Check OIL_TEMP, tank_vib_rms, tank_vib_rms and a_b",
+    assert snapshot.unknown_names("Check OIL_TEMP, tank_vib_rms, tank_vib_rms and a_b",
                                    ["oil_temp"]) == ["tank_vib_rms", "a_b"]
-    assert diagnosis.unknown_names("P1.oil_temp and oil_temp_avg", ["P1.oil_temp"]) == [
+    assert snapshot.unknown_names("P1.oil_temp and oil_temp_avg", ["P1.oil_temp"]) == [
         "oil_temp_avg"]
 
 
@@ -278,7 +277,7 @@ def test_free_text_may_name_only_the_request_points() -> None:
 
 
 def _check(answer: dict[str, Any], data: dict[str, Any] = SNAPSHOT) -> dict[str, Any]:
-    ok, v = validate_output(TASK.output_schema, TASK.validators, answer, data)
+    ok, v = validate_output(TASK.output_schema, TASK.kind, answer, data)
     assert v["schema"]["ok"], v["schema"]
     assert ok == v["diagnosis"]["ok"]
     return dict(v["diagnosis"])
@@ -290,7 +289,7 @@ def _failed(section: dict[str, Any]) -> list[str]:
 
 def test_a_right_answer_passes_every_check() -> None:
     section = _check(_answer())
-    assert section["ok"] and section["checks"] == dict.fromkeys(diagnosis.CHECKS, True)
+    assert section["ok"] and section["checks"] == dict.fromkeys(snapshot.CHECKS, True)
 
 
 def test_a_fault_asserted_twice_is_not_right() -> None:
@@ -326,7 +325,7 @@ def test_the_finding_fails_on_each_of_its_errors() -> None:
         ("health_assessment/1/evidence/1", "motor_current is cited twice"),
         ("advisory/priority",
          "priority medium with alarm (oil_temp): expected high or critical"),
-        ("prognosis/status", f"assessed, but {diagnosis.NO_HISTORY}"),
+        ("prognosis/status", f"assessed, but {snapshot.NO_HISTORY}"),
         ("prognosis/note", "'tank_vib_rms' is no point of the request")]
     # each error alone fails the answer
     for wrong, check in (
@@ -417,7 +416,7 @@ def test_the_demo_model_writes_the_computed_prognosis(runner: TaskRunner) -> Non
 
 def test_a_fault_already_asserted_cannot_be_named_again() -> None:
     """The guard's view of an answer: at a fault's name, the faults asserted before it."""
-    from rung.daemon.tasks.diagnosis import fault_names_at
+    from rung.daemon.tasks.diagnosis.snapshot import fault_names_at
 
     head = '{"state_detection":[],"health_assessment":[{"fault":"Bearing damage","evidence":["v"]},'
     assert fault_names_at(head + '{"fault":') == (None, ["Bearing damage"])
@@ -427,8 +426,7 @@ def test_a_fault_already_asserted_cannot_be_named_again() -> None:
     assert fault_names_at('{"state_detection":[],"health_assessment":[{"fault":') == (None, [])
     assert fault_names_at('{"state_detection":[') is None
     # the diagnosis shape hands it to the runner's name guard
-    from rung.daemon.tasks.shaping import shape
     from rung.daemon.tasks.task import load_tasks
 
     task = load_tasks()["diagnosis"]
-    assert shape(task.output_schema, task.validators, SNAPSHOT).names is fault_names_at
+    assert task.kind.shape(task.output_schema, SNAPSHOT).names is fault_names_at

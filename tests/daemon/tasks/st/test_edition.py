@@ -11,10 +11,10 @@ import tree_sitter_iec61131_3_st
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rung.daemon.plant.st_edition import EditionError, edition_problems, to_edition
-from rung.daemon.tasks.st import check_syntax, render_pou, validate_pou
+from rung.daemon.tasks.st.edition import EditionError, edition_problems, to_edition
+from rung.daemon.tasks.st.pou import check_syntax, render_pou, validate_pou
 from rung.tools.corpus_st import ARCHETYPES, st_sample
-from tests.daemon.tasks.test_st import GOOD
+from tests.daemon.tasks.st.test_pou import GOOD
 
 CASES = [
     ("x := 1; // set", "x := 1; (* set *)"),

@@ -1,4 +1,4 @@
-"""What an st_code request states, read by code (daemon/tasks/st_request.py), and the
+"""What an st_code request states, read by code (daemon/tasks/st/request.py), and the
 gating checks that hold a POU to it: stated values used, building blocks declared and
 called, inputs never assigned, a POU name that is not IEC 61131-3's own."""
 
@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from rung.daemon.tasks import st_request
-from rung.daemon.tasks.st import assigned_names, render_pou
+from rung.daemon.tasks.kinds import KINDS
+from rung.daemon.tasks.st import request as st_request
+from rung.daemon.tasks.st.pou import assigned_names, render_pou
 from rung.daemon.tasks.validate import validate_output
 
 DRAIN = {"description": "Switch the drain pump on at 70.0 % and off at 35.0 % "
@@ -43,11 +44,11 @@ def test_a_request_is_read_for_its_values_and_blocks() -> None:
 def test_the_pou_must_use_every_value_stated_with_a_unit() -> None:
     """The finding: the POU used none of 70, 35 or 95 and compared the level with one
     setpoint in both branches."""
-    ok, v = validate_output({}, ("st",), _pou(RIGHT), DRAIN)
+    ok, v = validate_output({}, KINDS["st"], _pou(RIGHT), DRAIN)
     assert ok and v["relevance"]["ok"], v
     wrong = ("IF rLevel >= 70.0 THEN bPump := TRUE; ELSIF rLevel <= 70.0 THEN bPump := "
              "FALSE; END_IF; bAlarm := rLevel >= 1.0;")
-    ok, v = validate_output({}, ("st",), _pou(wrong), DRAIN)
+    ok, v = validate_output({}, KINDS["st"], _pou(wrong), DRAIN)
     assert not ok and not v["relevance"].get("advisory")          # gating
     assert [e["message"] for e in v["relevance"]["errors"]] == [
         "the request states 35.0 %; the POU does not use it",
@@ -98,18 +99,17 @@ def test_the_building_blocks_the_behaviour_needs_are_declared_and_called() -> No
 def test_a_var_input_assigned_fails_the_check() -> None:
     body = RIGHT + "\nrLevel := 0.0;"
     assert assigned_names(render_pou(_pou(body))) == ["bPump", "bPump", "bAlarm", "rLevel"]
-    ok, v = validate_output({}, ("st",), _pou(body), DRAIN)
+    ok, v = validate_output({}, KINDS["st"], _pou(body), DRAIN)
     assert not ok and v["inputs"]["errors"][0]["message"].startswith("rLevel is a VAR_INPUT")
 
 
 def test_a_pou_name_of_iec_61131_3_fails_the_check() -> None:
     for name in ("END_VAR", "TON", "BOOL", "ton"):
-        ok, v = validate_output({}, ("st",), {**_pou(RIGHT), "name": name}, DRAIN)
+        ok, v = validate_output({}, KINDS["st"], {**_pou(RIGHT), "name": name}, DRAIN)
         assert not ok and "IEC 61131-3" in v["identifiers"]["errors"][-1]["message"], name
 
 
 def test_the_interface_a_request_states_is_written_by_code() -> None:
-    from rung.daemon.tasks.shaping import shape
     from rung.daemon.tasks.task import load_tasks
     from rung.engines.grammar import Lark
 
@@ -124,7 +124,7 @@ def test_the_interface_a_request_states_is_written_by_code() -> None:
         {"section": "VAR_INPUT", "name": "iBatch", "type": "INT", "initial": "500"},
         {"section": "VAR_OUTPUT", "name": "bValve", "type": "BOOL"}]
     st = load_tasks()["st_code"]
-    prefix = shape(st.output_schema, st.validators, data).prefix
+    prefix = st.kind.shape(st.output_schema, data).prefix
     assert prefix.startswith('{"pou_type":"FUNCTION_BLOCK","name":"FB_Fill","variables":[{')
     assert prefix.endswith('{"section":"VAR_OUTPUT","name":"bValve","type":"BOOL"},'
                            '{"section":"VAR","name":"rOpenBelow","type":"REAL","initial":'
@@ -132,7 +132,7 @@ def test_the_interface_a_request_states_is_written_by_code() -> None:
                            '"rCloseAbove","type":"REAL","initial":"80.0","comment":'
                            '"stated: 80 %"}')
     # the body reads the setpoints and never assigns them; it reads and writes the rest
-    shaped = shape(st.output_schema, st.validators, data)
+    shaped = st.kind.shape(st.output_schema, data)
     assert shaped.restage is not None
     grammar = shaped.restage(prefix + '],"body":"')
     assert grammar is not None
@@ -146,8 +146,8 @@ def test_the_interface_a_request_states_is_written_by_code() -> None:
     bools = next(r for r in rules.splitlines() if r.startswith("bw:"))
     assert '"bValve"' in bools and '"bDrainOpen"' not in bools
     # a FUNCTION's return type comes before its variables: the model writes it all
-    assert shape(st.output_schema, st.validators, {**data, "pou_type": "FUNCTION"}).prefix == ""
-    assert shape(st.output_schema, st.validators, {"description": "x"}).prefix == ""
+    assert st.kind.shape(st.output_schema, {**data, "pou_type": "FUNCTION"}).prefix == ""
+    assert st.kind.shape(st.output_schema, {"description": "x"}).prefix == ""
 
 
 def test_a_value_counts_as_used_only_where_the_body_reads_it() -> None:
@@ -204,7 +204,6 @@ def test_a_description_only_request_gets_its_stated_values_too() -> None:
     chooses a FUNCTION_BLOCK named from the description's main noun, writes it and a
     setpoint per stated value into the answer's start, and the body must read them (held
     read-only; ``relevance`` wants each used)."""
-    from rung.daemon.tasks.shaping import shape
     from rung.daemon.tasks.task import load_tasks
 
     st = load_tasks()["st_code"]
@@ -214,7 +213,7 @@ def test_a_description_only_request_gets_its_stated_values_too() -> None:
     assert interface == []
     assert [(v["type"], v["initial"], v["comment"]) for v in setpoints] == [
         ("REAL", "6.5", "stated: 6.5 bar"), ("REAL", "5.8", "stated: 5.8 bar")]
-    shaped = shape(st.output_schema, st.validators, data)
+    shaped = st.kind.shape(st.output_schema, data)
     props = shaped.schema["properties"]
     assert props["pou_type"] == {"const": "FUNCTION_BLOCK"}
     assert props["name"] == {"const": "FB_VentValve"}
@@ -269,7 +268,6 @@ def test_more_stated_values_than_the_answer_holds_are_never_named(
     of at most 40 variables: the shaper passes the schema's room, and the naming (the
     words around each value, a free name found for each) never starts; values are read
     once each (a set, not a list searched per value)."""
-    from rung.daemon.tasks.shaping import shape
     from rung.daemon.tasks.task import load_tasks
 
     stated = [f"{i} A" for i in range(1, 801)]
@@ -284,7 +282,7 @@ def test_more_stated_values_than_the_answer_holds_are_never_named(
     monkeypatch.setattr(st_request, "_words_near",
                         lambda *a: named.append(1) or words_near(*a))
     assert st_request.declared(many, room=40) == ([], [])
-    assert shape(st.output_schema, st.validators, many).prefix == ""
+    assert st.kind.shape(st.output_schema, many).prefix == ""
     assert named == []
     # within the room they are named as ever, a stem counted up once for all
     few = {**many, "description": "Trip at " + ", ".join(stated[:40]) + ".",
@@ -300,7 +298,6 @@ def test_code_writes_only_declarations_the_schema_accepts() -> None:
     """More values than ``variables`` may hold, or a value no literal may write: code leaves
     the setpoints out (then the interface), so the request is answered, not failed inside
     rung on a prefix its own grammar refuses."""
-    from rung.daemon.tasks.shaping import shape
     from rung.daemon.tasks.task import load_tasks
 
     st = load_tasks()["st_code"]
@@ -308,7 +305,7 @@ def test_code_writes_only_declarations_the_schema_accepts() -> None:
             "name": "FB_X", "pou_type": "FUNCTION_BLOCK",
             "constraints": ["VAR_INPUT rP : REAL"]}
     assert len(st_request.declared(many)[1]) == 45
-    shaped = shape(st.output_schema, st.validators, many)
+    shaped = st.kind.shape(st.output_schema, many)
     assert shaped.prefix == ('{"pou_type":"FUNCTION_BLOCK","name":"FB_X","variables":'
                              '[{"section":"VAR_INPUT","name":"rP","type":"REAL"}')
     assert shaped.restage is not None
@@ -316,6 +313,6 @@ def test_code_writes_only_declarations_the_schema_accepts() -> None:
     assert grammar is not None   # nothing held read-only: no setpoint was declared
     huge = {"description": "Open above 20000000000000000 bar.", "name": "FB_X",
             "pou_type": "FUNCTION_BLOCK"}
-    assert shape(st.output_schema, st.validators, huge).prefix == ""
+    assert st.kind.shape(st.output_schema, huge).prefix == ""
     fits = {**many, "description": "Open above 70 %."}
-    assert '"initial":"70.0"' in shape(st.output_schema, st.validators, fits).prefix
+    assert '"initial":"70.0"' in st.kind.shape(st.output_schema, fits).prefix

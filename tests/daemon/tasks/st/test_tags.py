@@ -4,7 +4,7 @@ for leaving them out."""
 
 from __future__ import annotations
 
-from rung.daemon.tasks import st_request
+from rung.daemon.tasks.st import request as st_request
 
 
 def _values(text: str) -> list[tuple[str, str | None]]:

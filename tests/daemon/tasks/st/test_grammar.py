@@ -15,11 +15,12 @@ import llguidance
 import numpy as np
 import pytest
 
-from rung.daemon.tasks import st_grammar, st_request
 from rung.daemon.tasks.names import NameGuard
 from rung.daemon.tasks.runner import TaskRunner
-from rung.daemon.tasks.shaping import compact, shape
-from rung.daemon.tasks.st import validate_pou
+from rung.daemon.tasks.shaping import compact
+from rung.daemon.tasks.st import grammar as st_grammar
+from rung.daemon.tasks.st import request as st_request
+from rung.daemon.tasks.st.pou import validate_pou
 from rung.daemon.tasks.task import load_tasks
 from rung.engines import load_engine
 from rung.engines.grammar import Lark
@@ -28,7 +29,7 @@ from rung.engines.tokenizer import Tokenizer
 from rung.tools.corpus import generate as corpus
 
 ST = load_tasks()["st_code"]
-MODEL = Path(__file__).resolve().parents[3] / "models" / "edge-tiny"
+MODEL = Path(__file__).resolve().parents[4] / "models" / "edge-tiny"
 POU = {"pou_type": "FUNCTION_BLOCK", "name": "FB_Fill", "variables": [
     {"section": "VAR_INPUT", "name": "rLevel", "type": "REAL"},
     {"section": "VAR_INPUT", "name": "bDrainOpen", "type": "BOOL"},
@@ -45,7 +46,7 @@ def tokenizer() -> llguidance.LLTokenizer:
 
 
 def _restage(data: dict[str, Any]) -> Any:
-    s = shape(ST.output_schema, ST.validators, data)
+    s = ST.kind.shape(ST.output_schema, data)
     assert s.restage is not None and s.restage_at == '"'
     return s.restage
 
@@ -224,11 +225,11 @@ def test_a_schema_that_fixes_names_or_body_keeps_them() -> None:
                       "variables": {"type": "array", "items": False, "prefixItems": [
                           {"type": "object", "properties": {"name": {"const": "x"}}}]},
                       "body": {"enum": ["x := 1;"]}}}
-    fixed = shape(fixed_vars, ("st",), {"description": "d"})
+    fixed = ST.kind.shape(fixed_vars, {"description": "d"})
     assert fixed.restage is None and fixed.names is None
     enum_body = json.loads(json.dumps(ST.output_schema))
     enum_body["properties"]["body"] = {"enum": ["x := 1;"]}
-    enum_shape = shape(enum_body, ("st",), {"description": "d"})
+    enum_shape = ST.kind.shape(enum_body, {"description": "d"})
     assert enum_shape.restage is None   # the body stays the enum
     assert enum_shape.names is not None   # names are still kept new
     at_name = enum_shape.names(compact(POU)[:-2] + ',{"section":"VAR","name":"bV')
@@ -331,7 +332,7 @@ def test_the_body_writes_only_the_numbers_the_request_states(
     for invented in ("IF rLevel > 1900.0 THEN bValve := TRUE; END_IF;",
                      "IF rLevel > 71.0 THEN bValve := TRUE; END_IF;"):
         assert not _accepts(tokenizer, grammar, _with_body(invented)), invented
-    item = shape(ST.output_schema, ST.validators, HYSTERESIS).schema[
+    item = ST.kind.shape(ST.output_schema, HYSTERESIS).schema[
         "properties"]["variables"]["items"]
     accepts = jsonschema.Draft202012Validator(item).is_valid
     for init in ("95.0", "0.95"):
@@ -357,7 +358,7 @@ def test_an_initial_value_is_a_literal_of_the_declared_type(
     """The finding: an answer declared ``iSetpoint : INT := 6.5``, which the interpreter
     refuses; a BOOL started at ``70.0`` and a timer with an initial value are as wrong. Each
     class of type takes its own literals, still only the request's numbers."""
-    schema = shape(ST.output_schema, ST.validators, HYSTERESIS).schema
+    schema = ST.kind.shape(ST.output_schema, HYSTERESIS).schema
 
     def ok(vtype: str, initial: str | None = None) -> bool:
         v = {"section": "VAR", "name": "x", "type": vtype}
@@ -396,7 +397,7 @@ def test_a_comparison_has_a_live_side(tokenizer: llguidance.LLTokenizer) -> None
             "name": "FB_Fill", "pou_type": "FUNCTION_BLOCK",
             "constraints": ["Inputs: rLevel : REAL, bDrainOpen : BOOL",
                             "VAR_OUTPUT bValve : BOOL"]}
-    s = shape(ST.output_schema, ST.validators, data)
+    s = ST.kind.shape(ST.output_schema, data)
     assert s.restage is not None and '"rOpenBelow"' in s.prefix
     head = s.prefix + '],"body":"'
     grammar = s.restage(head)
