@@ -58,12 +58,10 @@ LM_HEAD_BITS = {"int8": 8, "int4": 8}
 DEFAULT_BLOCK_SIZE = 32
 MIN_BLOCK_SIZE = 16  # MatMulNBits' smallest block
 # MatMulNBits' accuracy_level 4: the CPU kernel quantizes the activations to int8 per block
-# and runs integer dot products. On the Qwen2.5-0.5B-shaped bench model (2 threads, decode
-# at 128 tokens of context) level 4 decodes at 31 (int8) and 42 (int4) tok/s, level 0
-# (float activations) at 0.8 and 1.5 tok/s, slower than fp32 weights (12). Level 4 costs
-# accuracy: the graph is then no longer bit-exact to its dequantized weights (verify.py's
-# int tolerances), and on the trained demo model int8's mean KL against fp32 doubles
-# (docs/benchmarks/quantization.md, "Quantized weights").
+# and runs integer dot products; with float activations (level 0) the kernel dequantizes
+# every block and decodes slower than fp32 weights. Level 4 costs accuracy: the graph is
+# then no longer bit-exact to its dequantized weights (verify.py's int tolerances).
+# Decode rates and KL of both levels: docs/benchmarks/quantization.md, "Quantized weights".
 ACCURACY_LEVEL = 4
 LM_HEAD_WEIGHT = "lm_head.weight_t"
 EMBED = "embed_tokens.weight"   # the float table the graph builders write (onnx_graph.embed)

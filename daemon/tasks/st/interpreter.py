@@ -109,12 +109,12 @@ __all__ = ["DEFAULT_MAX_SCANS", "DEFAULT_STEP_BUDGET", "DEFAULT_WORK_BUDGET", "P
            "StExecError", "run_vectors"]
 
 DEFAULT_STEP_BUDGET = 100_000   # loop iterations one scan may run
-# scans one run_vectors may run: a PLC test's (the hand-written set's longest runs 7,120
-# scans, the corpus's 9,050: a 15-minute run-on at 0.1 s a scan)
+# scans one run_vectors may run: room for a PLC test's run-ons (the longest hand-written and
+# corpus vectors fit), not for a clock stepped finer than any test needs
 DEFAULT_MAX_SCANS = 20_000
 # steps (syntax nodes evaluated, loop iterations, scans, array elements) one run_vectors may
-# take: ~0.06 us a step here (a 1,000-sample moving average: 8 steps an iteration, 1,250
-# scans of it), so about 0.6 s a run on this box's cores
+# take: counted, not timed, so an answer gets the same verdict on any box, and sized so a
+# run holds the engine thread under a second on a small CPU (docs/tasks.md, "Test vectors")
 DEFAULT_WORK_BUDGET = 10_000_000
 _UNLIMITED = 1 << 62
 
