@@ -63,23 +63,20 @@ def measure(engine_dir: Path, prepack: bool, prompt: int, threads: int) -> dict[
 
 def lone_tokens(engine_dir: Path, prompt: int, threads: int,
                 rounds: int = 30) -> dict[str, dict[str, float]]:
-    """A quantized fused engine's one-token step the ways it can run, alternated in one
+    """A quantized fused engine's one-token step both ways it can run, alternated in one
     session (``rounds`` x 8 steps each after a ``prompt``-token prefill): ``padded`` as it
-    loads, ``fed twice`` (every weight product over two rows: how an engine whose graph
-    does not repeat the position itself runs, ``OnnxEngine.widens``), ``unpadded`` (one
-    position, as before padded steps). Median and quartile ms per way."""
+    loads (the graph repeats the attention position), ``unpadded`` (one position, the
+    kernels' one-query paths). Median and quartile ms per way."""
     engine: Any = load_engine(engine_dir, "onnx", EngineOptions(threads=threads))
-    ways = {"padded": (engine.widens, 2), "unpadded": (engine.widens, 1)}
-    if engine.widens:
-        ways["fed twice"] = (False, 2)
+    ways = {"padded": 2, "unpadded": 1}
     rng = np.random.default_rng(0)
     cache = engine.new_cache(1)
     engine.forward(cache, rng.integers(100, 1000, (1, prompt)), np.array([prompt]))
     base = int(cache.lengths[0])
     times: dict[str, list[float]] = {way: [] for way in ways}
     for _ in range(rounds):
-        for way, (widens, positions) in ways.items():
-            engine.widens, engine.min_positions = widens, positions
+        for way, positions in ways.items():
+            engine.min_positions = positions
             cache.truncate(0, base)
             for _ in range(8):
                 t = time.perf_counter()

@@ -325,10 +325,8 @@ def _decoding(g: Any) -> dict[str, int]:
 
 
 def _graph_form(m: Any) -> str:
-    """``fused`` (GroupQueryAttention, head-major KV) or ``generic``, from the KV layout."""
-    from rung.engines.manifest import HEAD_MAJOR
-
-    return "fused" if m.kv.layout == HEAD_MAJOR else "generic"
+    """``fused`` (GroupQueryAttention, head-major KV) or ``generic``: the step plan's."""
+    return str(m.step.graph)
 
 
 def _weights_record(m: Any) -> dict[str, Any]:

@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rung.engines.errors import EngineError
-from rung.engines.manifest import HEAD_MAJOR, KV_LAYOUT, Manifest, TensorSpec
+from rung.engines.manifest import (
+    ATTENTION_POSITIONS,
+    HEAD_MAJOR,
+    KV_LAYOUT,
+    Manifest,
+    TensorSpec,
+)
 
 HINT = "the engine directory is inconsistent: re-export the engine"
 ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16",
@@ -75,6 +81,7 @@ def check_manifest(m: Manifest, graph: GraphSignature, where: str) -> None:
         raise EngineError(f"{where}: manifest {name} is {shown}, but {graph_says}", HINT)
 
     _check_kv(m, graph, where, refuse)
+    _check_step(m, graph, refuse)
     for kind, specs, tensors in (("inputs", m.inputs, graph.inputs),
                                  ("outputs", m.outputs, graph.outputs)):
         _check_tensors(kind, specs, tensors, refuse)
@@ -126,6 +133,19 @@ def _check_kv(m: Manifest, graph: GraphSignature, where: str, refuse: _Refuse) -
     if kv.scale_layout != (SCALE_LAYOUT if scaled else None):
         refuse("kv.scale_layout", kv.scale_layout, "the graph "
                f"{'has' if scaled else 'has no'} KV scale inputs (past_key_0_scale)")
+
+
+def _check_step(m: Manifest, graph: GraphSignature, refuse: _Refuse) -> None:
+    """The step plan: the graph form the KV layout implies, and whether single-token steps
+    are widened (the graph then takes ``attention_positions``)."""
+    form = "fused" if m.kv.layout == HEAD_MAJOR else "generic"
+    if m.step.graph != form:
+        refuse("step.graph", m.step.graph, f"the graph's KV layout {m.kv.layout} is the "
+               f"{form} graph's")
+    widened = ATTENTION_POSITIONS in graph.inputs
+    if widened != (m.step.min_positions == 2):
+        refuse("step.min_positions", m.step.min_positions, "the graph "
+               f"{'takes' if widened else 'has no'} input {ATTENTION_POSITIONS}")
 
 
 def _check_tensors(kind: str, specs: Sequence[TensorSpec],

@@ -1,13 +1,12 @@
 """The export <-> engine contract: ``manifest.json`` in every engine directory.
 
 Written once by ``rung export``, read by every engine backend. It is versioned: an engine
-refuses a manifest whose ``format_version`` it does not know, and every artifact it names is
-checked against its sha256 before use.
+loads the one format this rung writes and refuses any other with a message to re-export
+(older) or upgrade (newer), so every key a backend reads is present and there is one way to
+run a step. Every artifact it names is checked against its digest before use.
 
-Every key a later format added is optional, so an engine keeps loading the manifests of
-every earlier format (missing keys default to empty or None) and refuses only a newer one:
-engines exported before an upgrade stay servable. What each format added, and why:
-docs/architecture.md, "Manifest formats".
+``step`` is the step plan the export decided and the engine follows without deciding again:
+the graph form and how many positions a lone token's step runs (``StepPlan``).
 
 Layout of the generic graph (``kv.layout`` ``position_major_SBHD``):
 
@@ -38,8 +37,8 @@ fp32/fp16 KV; the manifest's ``inputs``/``outputs`` list it the same way):
              total_sequence_length int32 []  the longest row after the step
              logits_index    int64  [B, K]
              attention_positions int64 []    the attention's rows per sequence, >= S: a
-                                             lone token's last row repeated (int8/int4
-                                             weights without FFN gates; format 8)
+                                             lone token's last row repeated (where
+                                             ``step.min_positions`` is 2)
              past_key_{i}, past_value_{i}  kv [B, Hkv, C, D]   the engine's whole buffer
              ffn_allow_skip  bool   []       (gated only)
     outputs  logits          float32 [B, K, V]
@@ -59,12 +58,8 @@ from typing import Any
 
 from rung.engines.errors import ManifestError
 
-# 5: BLAKE3 digests of the artifacts (``blake3``), checked at load; 6: XXH3-128 digests
-# (``xxh3``) in their place; 7: why the KV dtype and the FFN gates are what they are
-# (``kv.chosen_by``, ``kv.reason``, ``ffn_skip``); 8: the fused int8/int4 graph's input
-# ``attention_positions`` (a rung reading format 7 would not feed it)
-FORMAT_VERSION = 8
-OLDEST_FORMAT = 1  # format 1 lacks only optional keys
+# the one format loaded: an engine written by another rung is re-exported, not fed as it was
+FORMAT_VERSION = 9
 MANIFEST_NAME = "manifest.json"
 KV_LAYOUT = "position_major_SBHD"
 HEAD_MAJOR = "head_major_BHSD"   # the fused graph's shared buffers [B, Hkv, C, D]
@@ -99,7 +94,7 @@ class KVSpec:
     scale_layout: str | None = None  # "per_token_per_head" for fp8: float32 amax / 448
     # export-time cost against an fp32 cache: max_rel_logit_err, mean_kl, greedy_agreement
     accuracy: dict[str, float] | None = None
-    # format 7: "auto" (--kv auto chose it) | "flag" (--kv given), and why; None before
+    # "auto" (--kv auto chose it) | "flag" (--kv given), and why
     chosen_by: str | None = None
     reason: str | None = None
 
@@ -110,6 +105,24 @@ class KVSpec:
         if self.scale_layout == "per_token_per_head":
             per_layer += 2 * dims.num_kv_heads * 4
         return per_layer * dims.num_layers
+
+
+GRAPH_FORMS = ("fused", "generic")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How the engine runs a step, decided once by the export.
+
+    ``graph``: ``fused`` (GroupQueryAttention over head-major buffers) or ``generic``.
+    ``min_positions``: positions a row's attention runs at the least. 2 where a row feeding
+    one token must take the kernels' several-query paths, so that its logits are the same
+    alone, batched or with drafts (``drafts.pads_steps``): the graph repeats the token's
+    attention row itself (input ``attention_positions``) and the engine drops the second
+    position's KV after the step. 1 elsewhere."""
+
+    graph: str
+    min_positions: int
 
 
 @dataclass(frozen=True)
@@ -142,14 +155,13 @@ class Parity:
     greedy_agreement: float
     tolerance_abs: float
     passed: bool
-    # format 2: the bounds applied (max relative logit error, min greedy agreement) and the
-    # mean KL(reference || engine) of the next-token distributions, in nats
-    tolerance_rel: float | None = None
-    min_greedy_agreement: float | None = None
-    mean_kl: float | None = None
-    # format 4: the bound on mean_kl (None for format 3 and older, which bounded the max
-    # relative logit error only); tolerance_rel is None where the path is not exact
-    max_mean_kl: float | None = None
+    # the bounds applied (max relative logit error, min greedy agreement, mean KL) and the
+    # mean KL(reference || engine) of the next-token distributions, in nats; tolerance_rel
+    # is None where the path is not exact (bounded by KL and greedy agreement alone)
+    tolerance_rel: float | None
+    min_greedy_agreement: float
+    mean_kl: float
+    max_mean_kl: float
 
 
 @dataclass(frozen=True)
@@ -190,23 +202,20 @@ class Manifest:
     generation: dict[str, Any]
     parity: Parity | None
     artifacts: dict[str, str]  # file name -> sha256
+    step: StepPlan
+    # file name -> XXH3-128, what a load checks: a corruption check, not a signature (sha256
+    # is the identity); it hashes several times faster than sha256, and a load's checking
+    # is most of an engine's start
+    xxh3: dict[str, str]
     ffn_gate: dict[str, Any] | None = None
     # int8/int4 weights: method ("MatMulNBits"), bits, block_size, symmetric, accuracy_level,
-    # lm_head_bits, embeddings ("int8": GatherBlockQuantized; "fp32" in engines exported
-    # before it, or where no block divides the hidden size); None for float weights
+    # lm_head_bits, embeddings ("int8": GatherBlockQuantized; "fp32" where no block divides
+    # the hidden size); None for float weights
     quantization: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    trt: TrtPlan | None = None  # format 3: the TensorRT plan, where one was built
-    # format 5: file name -> BLAKE3, what a load checks (several GB/s on every core, against
-    # sha256's ~0.4 GB/s on one: most of an int4 engine's start); sha256 stays the identity
-    blake3: dict[str, str] = field(default_factory=dict)
-    # format 6: file name -> XXH3-128, what a load checks now: a corruption check, not a
-    # signature (sha256 is the identity), 11 GB/s on one core against BLAKE3's 4.3; on two
-    # cores busy packing weights the CPU it leaves is start-up time (0.5B int4 data file:
-    # 86 ms of one core against 230 ms over two)
-    xxh3: dict[str, str] = field(default_factory=dict)
-    # format 7: --ffn-skip resolved: {"requested": "auto", "mode": "off", "reason": "..."}
-    # (``ffn_gate`` stays the gates' own record, None without gates); None before
+    trt: TrtPlan | None = None  # the TensorRT plan, where one was built
+    # --ffn-skip resolved: {"requested": "auto", "mode": "off", "reason": "..."}
+    # (``ffn_gate`` stays the gates' own record, None without gates)
     ffn_skip: dict[str, str] | None = None
     # a LoRA adapter merged into the weights at export: name, sha256 (of its
     # adapter_model.safetensors), rank, alpha, targets, modules; None without one
@@ -232,15 +241,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def blake3_file(path: Path) -> str:
-    """BLAKE3 of a file, memory-mapped and hashed on every core (the GIL released)."""
-    import blake3
-
-    if Path(path).stat().st_size == 0:
-        return blake3.blake3().hexdigest()
-    return blake3.blake3(max_threads=blake3.blake3.AUTO).update_mmap(str(path)).hexdigest()
-
-
 def xxh3_file(path: Path) -> str:
     """XXH3-128 of a file, memory-mapped."""
     import mmap
@@ -262,22 +262,18 @@ def artifact_digests(engine_dir: Path, files: list[str]) -> tuple[dict[str, str]
 
 
 def check_artifacts(engine_dir: Path, m: Manifest) -> None:
-    """Every artifact present and as recorded: by XXH3-128 where the manifest has it (format
-    6), BLAKE3 (format 5), else sha256.
+    """Every artifact present and as recorded (by XXH3-128).
 
     Raises:
         ManifestError: a file missing, or its digest differs (corrupt or modified).
     """
-    for name, digest in m.artifacts.items():
+    for name in m.artifacts:
         art = Path(engine_dir) / name
         if not art.is_file():
             raise ManifestError(f"{art}: listed in the manifest but missing",
                                 "copy the whole engine directory or re-export")
-        kind, ok = (("XXH3", xxh3_file(art) == m.xxh3[name]) if name in m.xxh3
-                    else ("BLAKE3", blake3_file(art) == m.blake3[name]) if name in m.blake3
-                    else ("sha256", sha256_file(art) == digest))
-        if not ok:
-            raise ManifestError(f"{art}: {kind} differs from the manifest (corrupt or "
+        if xxh3_file(art) != m.xxh3[name]:
+            raise ManifestError(f"{art}: XXH3 differs from the manifest (corrupt or "
                                 "modified)", "re-export or copy the engine again")
 
 
@@ -325,9 +321,11 @@ def load_manifest(engine_dir: Path, verify_artifacts: bool = True) -> Manifest:
         raise ManifestError(
             f"{path}: manifest format {version} is newer than this rung understands "
             f"(format {FORMAT_VERSION})", "upgrade rung or re-export with this version")
-    if version < OLDEST_FORMAT:
-        raise ManifestError(f"{path}: manifest format {version} is no longer supported",
-                            "re-export the engine with this rung version")
+    if version < FORMAT_VERSION:
+        raise ManifestError(
+            f"{path}: manifest format {version} was written by an earlier rung; this rung "
+            f"loads format {FORMAT_VERSION} only",
+            "re-export the engine with this rung (`rung export`, same flags)")
     try:
         m: Manifest = _build(Manifest, raw, "manifest")
         m = dataclasses.replace(
@@ -339,13 +337,17 @@ def load_manifest(engine_dir: Path, verify_artifacts: bool = True) -> Manifest:
             tokenizer=_build(TokenizerSpec, m.tokenizer, "tokenizer"),
             parity=None if m.parity is None else _build(Parity, m.parity, "parity"),
             trt=None if m.trt is None else _build(TrtPlan, m.trt, "trt"),
+            step=_build(StepPlan, m.step, "step"),
         )
     except TypeError as e:
         raise ManifestError(f"{path}: malformed ({e})", "re-export the engine") from e
-    for key, digests in (("blake3", m.blake3), ("xxh3", m.xxh3)):
-        if sorted(digests) not in ([], sorted(m.artifacts)):
-            raise ManifestError(f"{path}: {key} lists other files than artifacts",
-                                "re-export the engine")
+    if sorted(m.xxh3) != sorted(m.artifacts):
+        raise ManifestError(f"{path}: xxh3 lists other files than artifacts",
+                            "re-export the engine")
+    if m.step.graph not in GRAPH_FORMS or m.step.min_positions not in (1, 2):
+        raise ManifestError(f"{path}: step plan {dataclasses.asdict(m.step)} is not one this "
+                            f"rung runs (graph {' or '.join(GRAPH_FORMS)}, min_positions 1 "
+                            "or 2)", "re-export the engine")
     if verify_artifacts:
         check_artifacts(engine_dir, m)
     return m

@@ -23,7 +23,7 @@ import numpy as np
 import onnxruntime as ort
 
 from rung.engines import DEFAULT_MEMORY_BUDGET_MB, parted
-from rung.engines.drafts import multi_token, pads_steps
+from rung.engines.drafts import multi_token
 from rung.engines.errors import EngineError
 from rung.engines.graph_check import check_manifest, session_signature
 from rung.engines.kv import KVCache
@@ -115,11 +115,10 @@ def choose_packing(engine_dir: Path, manifest: Manifest, options: EngineOptions,
                    "MiB; steps of several tokens run slower)")
 
 
-# engines whose files weigh less than this load as one session: there a parted load's probe
-# and second session cost about what the parallel packing saves (SmolLM2-135M int4, 236 MB:
-# 238 against 207 ms; fp32, 540 MB: 541-553 against 549-553 ms), and each step pays for the
-# second run (~0.5 ms); 0.5B int4 (932 MB) loads in 0.49 instead of 0.70 s, fp32 (1.98 GB)
-# in 1.53 instead of 2.54 s
+# engines whose files weigh less than this load as one session: below it a parted load's
+# probe session and second session cost about what the parallel packing saves, and every
+# step pays for running two parts (measured: docs/benchmarks/startup.md, "two sessions at
+# once")
 PARTED_LOAD_BYTES = 768 * 2**20
 
 
@@ -177,13 +176,9 @@ class OnnxEngine:
                               "re-export the engine") from e
         check_manifest(manifest, session_signature(self.session, path), str(path))
         self.output_names = [o.name for o in manifest.outputs]
-        # lone tokens padded to two positions, so a row's logits never depend on the
-        # step's shape (drafts.PADDED_WEIGHTS)
-        self.min_positions = 2 if pads_steps(manifest.weights, gated, manifest.kv.layout) else 1
-        # the graph takes how many positions its attention runs, and widens a lone token's
-        # itself (the token is then not fed twice)
-        self.sized = any(t.name == ATTENTION_POSITIONS for t in manifest.inputs)
-        self.widens = self.sized
+        # the export's step plan: lone tokens padded to two positions (widened inside the
+        # graph) so a row's logits never depend on the step's shape (drafts.PADDED_WEIGHTS)
+        self.min_positions = manifest.step.min_positions
         # FFN skip counters: one-token decode steps run, and skips per layer among them
         self.ffn_steps = 0
         self.ffn_skips: np.ndarray | None = (
@@ -229,22 +224,20 @@ class OnnxEngine:
 
     def _padded(self, cache: KVCache, tokens: np.ndarray, n_new: np.ndarray,
                 logits_index: np.ndarray, allow_skip: bool) -> np.ndarray:
-        """A step in which every row feeding one token feeds a second position (the same
+        """A step in which every row feeding one token runs a second position (the same
         token, not scored), whose KV is dropped after the step: ONNX Runtime's kernels take
         their one-query paths for a row of one new token, which round otherwise than their
         several-query paths; so padded, a row gets the same logits bit for bit alone or in
         a batch, token by token or with drafts (drafts.PADDED_WEIGHTS). A row with no room
-        for the second position (the cache's last one) runs as it is. A graph that widens
-        the attention itself (``attention_positions``) repeats the position inside, after
-        the weight products; older graphs are fed the token twice."""
+        for the second position (the cache's last one) runs as it is. The graph repeats the
+        position inside (``attention_positions``), after the weight products; in a step of
+        several columns the row's second column carries the token."""
         pad = (n_new == 1) & (cache.lengths + 2 <= cache.max_seq)
         if not pad.any():
             return self._step(cache, tokens, n_new, logits_index, allow_skip)
         if tokens.shape[1] >= 2:
             tokens = tokens.copy()
             tokens[pad, 1] = tokens[pad, 0]
-        elif not self.widens:
-            tokens = np.concatenate([tokens, tokens], axis=1)
         logits = self._step(cache, tokens, n_new + pad, logits_index, allow_skip)
         cache.rollback(pad)   # the second position's KV is free again
         return logits
@@ -337,7 +330,7 @@ class OnnxEngine:
             "query_seqlens": n_new.astype(np.int32),
             "total_sequence_length": np.array(max(int(total.max(initial=0)), 1), np.int32),
             "logits_index": np.ascontiguousarray(logits_index, dtype=np.int64)}
-        if self.sized:
+        if self.manifest.step.min_positions > 1:   # the graph has the input
             inputs[ATTENTION_POSITIONS] = np.array(self._attended(tokens, n_new), np.int64)
         if self.ffn_skips is not None:
             inputs["ffn_allow_skip"] = np.array(allow_skip)

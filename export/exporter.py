@@ -35,6 +35,7 @@ from rung.engines.manifest import (
     KVSpec,
     Manifest,
     ModelDims,
+    StepPlan,
     artifact_digests,
 )
 from rung.engines.onnx_engine import OnnxEngine
@@ -190,15 +191,16 @@ def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions,
     opts = dataclasses.replace(opts, weights=weights)
     spec = plan(ckpt, opts)
     kv = kv_dtype(ckpt, opts, spec)
-    opts = dataclasses.replace(opts, kv=kv.kv)
-    graph_form(opts, ckpt.config)  # the source's precision or the model may rule it out
+    # the graph form resolved once: the source's precision or the model may rule fused out
+    opts = dataclasses.replace(opts, kv=kv.kv, graph=graph_form(
+        dataclasses.replace(opts, kv=kv.kv), ckpt.config))
     ckpt.model.set_kv_dtype(KV[opts.kv])
     tok = Tokenizer.load(ckpt.path, ckpt.tokenizer)
     calib, held = real_text(ckpt, tok, opts)
     ffn_gate, ffn_skip = prepare_gates(ckpt, opts, held)
+    plan_ = step_plan(opts.graph, weights, ckpt.model)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until verified
-    fused = graph_form(opts, ckpt.config) == "fused"
     imp: dict[str, npt.NDArray[np.float32]] | None = None
     cache: dict[tuple[str, int, int], Blocks] = {}
     mixed = None
@@ -212,9 +214,8 @@ def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions,
                     ckpt.model, calib, spec.layer_bits, spec.layer_block, spec.symmetric, imp,
                     opts.quality_budget * SELECT_MARGIN, spec.lm_head_bits < 8, cache)
             spec = dataclasses.replace(spec, bits_of={**spec.bits_of, **bits})
-    with step(f"writing ONNX graph ({'fused' if fused else 'generic'}, {weights} "
-              f"weights, {opts.kv} KV)"):
-        reference = write_graph(ckpt, out_dir, weights, spec, fused, imp, cache)
+    with step(f"writing ONNX graph ({plan_.graph}, {weights} weights, {opts.kv} KV)"):
+        reference = write_graph(ckpt, out_dir, weights, spec, plan_, imp, cache)
     for name in ckpt.tokenizer.files:
         shutil.copyfile(ckpt.path / name, out_dir / name)
     quantization = None if spec is None else {
@@ -222,7 +223,7 @@ def _export(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions,
         "mixed": None if mixed is None else mixed.to_manifest(),
         "source": None if ckpt.storage is None else {
             "format": "gguf", "types": dict(Counter(ckpt.storage.values()))}}
-    manifest = _manifest(ckpt, out_dir, opts)
+    manifest = _manifest(ckpt, out_dir, opts, plan_)
     manifest = dataclasses.replace(
         manifest, ffn_gate=ffn_gate, ffn_skip=ffn_skip, quantization=quantization,
         adapter=adapter,
@@ -377,7 +378,7 @@ def prepare_gates(ckpt: Checkpoint, opts: ExportOptions, held: npt.NDArray[np.in
     model = ckpt.model
     mode, reason = opts.ffn_skip, f"--ffn-skip {opts.ffn_skip} as asked"
     if mode == "auto":
-        fused = graph_form(opts, ckpt.config) == "fused"
+        fused = opts.graph == "fused"   # resolved by the caller
         cost = None
         if model.has_ffn_gates and fast_without_gates(str(opts.weights), fused) \
                 and held is not None:
@@ -426,23 +427,24 @@ def kv_dtype(ckpt: Checkpoint, opts: ExportOptions, spec: QuantSpec | None) -> K
     return choice
 
 
-def _lone_pad(weights: str, model: RungForCausalLM) -> bool:
-    """Whether the fused graph repeats a lone token's attention position itself (its input
-    ``attention_positions``): where the engine pads such steps (``drafts.pads_steps``)."""
-    return pads_steps(weights, model.has_ffn_gates, HEAD_MAJOR)
+def step_plan(graph: str, weights: str, model: RungForCausalLM) -> StepPlan:
+    """The manifest's step plan for the resolved graph form, weights and the model's FFN
+    gates (as kept): lone tokens run over two positions where ``drafts.pads_steps`` says,
+    the graph repeating the position itself (its input ``attention_positions``)."""
+    layout = HEAD_MAJOR if graph == "fused" else KV_LAYOUT
+    return StepPlan(graph, 2 if pads_steps(weights, model.has_ffn_gates, layout) else 1)
 
 
 def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
-                spec: QuantSpec | None = None, fused: bool = False,
+                spec: QuantSpec | None, plan: StepPlan,
                 imp: dict[str, npt.NDArray[np.float32]] | None = None,
                 cache: dict[tuple[str, int, int], Blocks] | None = None) -> RungForCausalLM:
     """Write ``model.onnx`` (+ data) for ``weights``, fused or generic; returns the PyTorch
     model the graph computes, the reference of the parity check: the checkpoint's own, or
     with int8/int4 weights a copy holding the dequantized weights (read before saving moves
     them out)."""
-    proto = (build_fused_graph(ckpt.model, dot=spec is None,
-                               lone_pad=_lone_pad(weights, ckpt.model))
-             if fused else build_graph(ckpt.model))
+    proto = (build_fused_graph(ckpt.model, dot=spec is None, lone_pad=plan.min_positions > 1)
+             if plan.graph == "fused" else build_graph(ckpt.model))
     reference = ckpt.model
     if spec is not None:
         proto = quantize_graph(proto, spec, imp, cache)
@@ -468,10 +470,11 @@ def write_graph(ckpt: Checkpoint, out_dir: Path, weights: str,
     return reference
 
 
-def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
+def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions,
+              plan: StepPlan) -> Manifest:
     c, model = ckpt.config, ckpt.model
-    fused = graph_form(opts, c) == "fused"
-    inputs, outputs = (fused_io_specs(model, _lone_pad(str(opts.weights), model)) if fused
+    fused = plan.graph == "fused"
+    inputs, outputs = (fused_io_specs(model, plan.min_positions > 1) if fused
                        else io_specs(model))
     files = [GRAPH_FILE, DATA_FILE, *ckpt.tokenizer.files]
     artifacts, fast = artifact_digests(out_dir, files)
@@ -491,4 +494,4 @@ def _manifest(ckpt: Checkpoint, out_dir: Path, opts: ExportOptions) -> Manifest:
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rung_version=RUNG_VERSION,
         dims=dims, graph_file=GRAPH_FILE, opset=OPSET, inputs=inputs, outputs=outputs,
         weights=str(opts.weights), kv=kv, tokenizer=ckpt.tokenizer, generation=ckpt.generation,
-        parity=None, artifacts=artifacts, xxh3=fast)
+        parity=None, artifacts=artifacts, step=plan, xxh3=fast)

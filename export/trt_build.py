@@ -33,7 +33,6 @@ from rung.engines.manifest import (
     Manifest,
     TensorSpec,
     TrtPlan,
-    blake3_file,
     load_manifest,
     sha256_file,
     xxh3_file,
@@ -236,10 +235,7 @@ def build_plan(engine_dir: Path, manifest: Manifest, topts: TrtBuildOptions, inf
     manifest = dataclasses.replace(
         manifest, format_version=FORMAT_VERSION, trt=record,
         artifacts={**manifest.artifacts, PLAN_FILE: sha256_file(engine_dir / PLAN_FILE)},
-        blake3={**manifest.blake3, PLAN_FILE: blake3_file(engine_dir / PLAN_FILE)}
-        if manifest.blake3 else {},
-        xxh3={**manifest.xxh3, PLAN_FILE: xxh3_file(engine_dir / PLAN_FILE)}
-        if manifest.xxh3 else {})
+        xxh3={**manifest.xxh3, PLAN_FILE: xxh3_file(engine_dir / PLAN_FILE)})
     manifest.save(engine_dir)
     with step("checking the plan against ONNX Runtime on the CPU"):
         parity = measure_parity(engine_dir)

@@ -144,6 +144,7 @@ def test_export_then_generate_reports_graph_and_kv(
     assert doc["graph"] == graph and len(doc["token_ids"]) >= 1
 
 
+@pytest.mark.slow
 def test_ffn_skip_calibrate_from_the_command_line(checkpoints: dict[str, tuple[Path, Any]],
                                                   tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:

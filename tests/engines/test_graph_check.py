@@ -43,6 +43,14 @@ def _swap_layout(d: dict[str, Any]) -> None:
     d["kv"]["layout"] = KV_LAYOUT if d["kv"]["layout"] == HEAD_MAJOR else HEAD_MAJOR
 
 
+def _swap_graph(d: dict[str, Any]) -> None:
+    d["step"]["graph"] = "generic" if d["step"]["graph"] == "fused" else "fused"
+
+
+def _swap_widening(d: dict[str, Any]) -> None:
+    d["step"]["min_positions"] = 3 - d["step"]["min_positions"]
+
+
 # (case, edit, field named, manifest value shown, graph value shown)
 TAMPERED: list[tuple[str, Edit, str, str, str]] = [
     ("vocab_size", _set("dims", "vocab_size", 301), "dims.vocab_size", "301", "300 entries"),
@@ -54,6 +62,8 @@ TAMPERED: list[tuple[str, Edit, str, str, str]] = [
     ("kv dtype", _set("kv", "dtype", "float16"), "kv.dtype", "manifest says float16",
      "graph KV input is tensor(float)"),
     ("kv layout", _swap_layout, "kv.layout", "'", "the graph's inputs are those of"),
+    ("step graph", _swap_graph, "step.graph", "'", "KV layout"),
+    ("step widening", _swap_widening, "step.min_positions", "is ", "input attention_positions"),
     ("kv scales", _set("kv", "scale_layout", "per_token_per_head"), "kv.scale_layout",
      "'per_token_per_head'", "has no KV scale inputs"),
     ("input dtype", _tensor("inputs", "input_ids", "dtype", "int32"),

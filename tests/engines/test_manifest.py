@@ -1,4 +1,5 @@
-"""The manifest contract: versioning, malformed files and artifact checksums."""
+"""The manifest contract: one format loaded, malformed files, the step plan and artifact
+checksums."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from rung.engines import load_engine
 from rung.engines.errors import ManifestError
 from rung.engines.manifest import (
     FORMAT_VERSION,
+    StepPlan,
     TrtPlan,
-    blake3_file,
     load_manifest,
     sha256_file,
     xxh3_file,
@@ -83,23 +84,10 @@ def _flip(path: Path, at: int = 100) -> None:
 
 def test_corrupt_artifact_detected(engine_dir: Path) -> None:
     m = load_manifest(engine_dir)
-    assert sorted(m.xxh3) == sorted(m.artifacts) and m.blake3 == {}
+    assert sorted(m.xxh3) == sorted(m.artifacts)
     assert m.xxh3["model.onnx.data"] == xxh3_file(engine_dir / "model.onnx.data")
     _flip(engine_dir / "model.onnx.data")
     with pytest.raises(ManifestError, match="XXH3 differs"):
-        load_manifest(engine_dir)
-
-
-def test_format_5_is_checked_by_blake3(engine_dir: Path) -> None:
-    def to_format_5(d: dict[str, Any]) -> None:
-        d.update(format_version=5)
-        d["blake3"] = {f: blake3_file(engine_dir / f) for f in d.pop("xxh3")}
-
-    _edit(engine_dir, to_format_5)
-    m = load_manifest(engine_dir)
-    assert m.xxh3 == {} and sorted(m.blake3) == sorted(m.artifacts)
-    _flip(engine_dir / "model.onnx.data")
-    with pytest.raises(ManifestError, match="BLAKE3 differs"):
         load_manifest(engine_dir)
 
 
@@ -111,14 +99,6 @@ def test_load_engine_refuses_a_corrupt_file(engine_dir: Path, name: str) -> None
     _flip(engine_dir / name, at=(engine_dir / name).stat().st_size // 2)
     with pytest.raises(ManifestError, match=f"{name}: XXH3 differs"):
         load_engine(engine_dir)
-
-
-def test_format_4_is_checked_by_sha256(engine_dir: Path) -> None:
-    _edit(engine_dir, lambda d: (d.update(format_version=4), d.pop("xxh3")))
-    assert load_manifest(engine_dir).xxh3 == {} == load_manifest(engine_dir).blake3
-    _flip(engine_dir / "model.onnx.data")
-    with pytest.raises(ManifestError, match="sha256 differs"):
-        load_manifest(engine_dir)
 
 
 def test_digests_must_cover_the_artifacts(engine_dir: Path) -> None:
@@ -133,24 +113,41 @@ def test_missing_artifact(engine_dir: Path) -> None:
         load_manifest(engine_dir)
 
 
-def test_format_1_still_loads(engine_dir: Path) -> None:
-    """Format 2 only added optional keys: a format 1 manifest (without them) loads."""
-    def to_format_1(d: dict[str, Any]) -> None:
-        d.update(format_version=1)
-        d.pop("quantization")
-        for key in ("tolerance_rel", "min_greedy_agreement", "mean_kl"):
-            d["parity"].pop(key)
-
-    _edit(engine_dir, to_format_1)
-    m = load_manifest(engine_dir)
-    assert m.format_version == 1 and m.quantization is None and m.weights == "fp32"
-    assert m.parity is not None and m.parity.passed and m.parity.tolerance_rel is None
-
-
-def test_format_0_is_refused(engine_dir: Path) -> None:
-    _edit(engine_dir, lambda d: d.update(format_version=0))
-    with pytest.raises(ManifestError, match="format 0 is no longer supported"):
+@pytest.mark.parametrize("version", [1, 5, 8])
+def test_an_earlier_format_is_refused_with_the_way_out(engine_dir: Path, version: int) -> None:
+    """An engine written by an earlier rung is not fed as it was: the message names the
+    format and says to re-export, whatever else the file holds."""
+    _edit(engine_dir, lambda d: d.update(format_version=version))
+    with pytest.raises(ManifestError, match=f"manifest format {version} was written by an "
+                       "earlier rung") as e:
         load_manifest(engine_dir)
+    assert "re-export the engine with this rung" in str(e.value)
+    with pytest.raises(ManifestError, match="earlier rung"):
+        load_engine(engine_dir)
+
+
+def test_the_step_plan_is_the_exports(engines: dict[str, Path], tmp_path: Path) -> None:
+    """Written at export, read at load: the graph form and the lone token's positions; a
+    plan this rung does not run is refused (one that does not fit its graph is refused by
+    the graph check, tests/engines/test_graph_check.py)."""
+    m = load_manifest(engines["qwen2"])
+    assert m.step == StepPlan("fused", 1)            # fp32: steps run as they come
+    generic = load_manifest(engines["llama"])
+    assert generic.step.graph == ("fused" if generic.kv.layout == "head_major_BHSD"
+                                  else "generic")
+    engine = load_engine(engines["qwen2"])
+    assert engine.min_positions == m.step.min_positions  # type: ignore[attr-defined]
+    dst = tmp_path / "engine"
+    shutil.copytree(engines["qwen2"], dst)
+    _edit(dst, lambda d: d["step"].update(min_positions=3))
+    with pytest.raises(ManifestError, match="step plan .* is not one this rung runs"):
+        load_manifest(dst)
+    _edit(dst, lambda d: d["step"].update(min_positions=1, graph="sparse"))
+    with pytest.raises(ManifestError, match="graph fused or generic"):
+        load_manifest(dst)
+    _edit(dst, lambda d: d.pop("step"))
+    with pytest.raises(ManifestError, match="lacks key 'step'"):
+        load_manifest(dst)
 
 
 PLAN = TrtPlan(plan_file="model.plan", tensorrt_version="10.3.0", compute_capability="8.7",
@@ -179,7 +176,7 @@ def plan_dir(engine_dir: Path) -> Path:
 
 def test_trt_record_round_trip(plan_dir: Path) -> None:
     m = load_manifest(plan_dir)
-    assert m.trt == PLAN and m.format_version == FORMAT_VERSION >= 3
+    assert m.trt == PLAN and m.format_version == FORMAT_VERSION
     assert m.to_json() == load_manifest(plan_dir).to_json()
     m.save(plan_dir)
     assert load_manifest(plan_dir).trt == PLAN
@@ -197,37 +194,8 @@ def test_trt_record_unknown_key_is_named(plan_dir: Path) -> None:
         load_manifest(plan_dir)
 
 
-def test_format_2_still_loads(engine_dir: Path) -> None:
-    """Format 3 only added the optional trt record: a format 2 manifest loads, no plan."""
-    def to_format_2(d: dict[str, Any]) -> None:
-        d.update(format_version=2)
-        d.pop("trt")
-
-    _edit(engine_dir, to_format_2)
-    m = load_manifest(engine_dir)
-    assert m.format_version == 2 and m.trt is None
-
-
-def test_format_7_records_why_the_kv_and_gates_are_what_they_are(engine_dir: Path) -> None:
+def test_the_manifest_records_why_the_kv_and_gates_are_what_they_are(engine_dir: Path) -> None:
     m = load_manifest(engine_dir)   # exported with --kv fp32, --ffn-skip auto
-    assert m.format_version == FORMAT_VERSION >= 7
     assert (m.kv.chosen_by, m.kv.reason) == ("flag", "--kv fp32 as asked")
     assert m.ffn_skip is not None and m.ffn_skip["requested"] == "auto"
     assert m.ffn_skip["mode"] == "off" and m.ffn_gate is None
-
-
-def test_format_6_without_the_reasons_still_loads(engine_dir: Path) -> None:
-    """Format 7 only added optional records: a format 6 manifest (no kv.chosen_by,
-    kv.reason, ffn_skip) loads, and its engine serves."""
-    def to_format_6(d: dict[str, Any]) -> None:
-        d.update(format_version=6)
-        for key in ("chosen_by", "reason"):
-            d["kv"].pop(key)
-        d.pop("ffn_skip")
-
-    _edit(engine_dir, to_format_6)
-    m = load_manifest(engine_dir)
-    assert m.format_version == 6 and m.ffn_skip is None
-    assert m.kv.chosen_by is None and m.kv.reason is None and m.kv.dtype == "float32"
-    engine = load_engine(engine_dir)
-    assert engine.manifest == m

@@ -1,7 +1,8 @@
-"""Quantized engines on the fused graph feed a second, unscored position beside every lone
-token (``OnnxEngine._padded``): a row's logits are then the same bit for bit however its
-tokens are grouped into steps and whatever rows share them, which makes fast decoding exact
-on int8/int4 weights and an answer independent of the batch it was decoded in."""
+"""Quantized engines on the fused graph run a second, unscored position beside every lone
+token (``OnnxEngine._padded``, as the export's step plan says): a row's logits are then the
+same bit for bit however its tokens are grouped into steps and whatever rows share them,
+which makes fast decoding exact on int8/int4 weights and an answer independent of the batch
+it was decoded in."""
 
 from __future__ import annotations
 
@@ -33,7 +34,26 @@ def _engine(path: Path) -> OnnxEngine:
     return engine
 
 
-def _runs(engine: OnnxEngine) -> dict[str, np.ndarray]:
+class _FedTwice:
+    """The engine with each lone token fed as two tokens (the second unscored, its KV
+    dropped): what the graph's own repetition of the position must equal."""
+
+    def __init__(self, engine: OnnxEngine) -> None:
+        self.engine, self.dims, self.new_cache = engine, engine.dims, engine.new_cache
+
+    def forward(self, cache: object, tokens: np.ndarray, n_new: np.ndarray,
+                logits_index: np.ndarray | None = None) -> np.ndarray:
+        if tokens.shape[1] > 1 or not (n_new == 1).any():
+            return self.engine.forward(cache, tokens, n_new, logits_index)  # type: ignore[arg-type]
+        pad = n_new == 1
+        index = np.zeros((len(n_new), 1), np.int64) if logits_index is None else logits_index
+        logits = self.engine._step(cache, np.concatenate([tokens, tokens], axis=1),  # type: ignore[arg-type]
+                                   n_new + pad, index, False)
+        cache.rollback(pad)   # type: ignore[attr-defined]
+        return logits
+
+
+def _runs(engine: OnnxEngine | _FedTwice) -> dict[str, np.ndarray]:
     """Logits of the same 9 tokens after the same prompt: in one step, split 4 + 5, one at a
     time, and one at a time as the middle row of a batch of three (another row idle)."""
     rng = np.random.default_rng(0)
@@ -105,14 +125,13 @@ def test_the_graph_repeats_a_lone_tokens_position_after_the_weights(int4_fused: 
 
     import onnxruntime as ort
 
-    from rung.engines.manifest import ATTENTION_POSITIONS
+    from rung.engines.manifest import ATTENTION_POSITIONS, StepPlan
 
     engine = _engine(int4_fused)
-    assert engine.widens
+    assert engine.manifest.step == StepPlan("fused", 2)
     assert ATTENTION_POSITIONS in {t.name for t in engine.manifest.inputs}
     widened = _runs(engine)
-    engine.widens = False          # as a graph without the input is fed: the token twice
-    twice = _runs(engine)
+    twice = _runs(_FedTwice(engine))
     for name, logits in widened.items():
         assert np.array_equal(logits, twice[name]), name
 
