@@ -32,6 +32,9 @@ strings use single quotes). The part before the body is a literal (the grammar a
 answer from its start: the constraint replays its tokens), the part after it is the
 schema's optional ``assumptions`` and the closing brace.
 
+While a setpoint code declared is not read yet, the body cannot close before a statement
+reads one (``reading``; rebuilt after every ``;``).
+
 The validators stay the judge: the grammar is a subset of what they accept, not a proof.
 """
 
@@ -42,6 +45,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from rung.daemon.tasks.st import reading
 from rung.daemon.tasks.st.interpreter import type_kind
 from rung.daemon.tasks.st.pou import (
     CONVERSION_TYPES,
@@ -272,7 +276,7 @@ def _number_rule(numbers: Sequence[str] | None) -> list[str]:
 
 def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = (),
                  numbers: Sequence[str] | None = None,
-                 fixed: Collection[str] = ()) -> str | None:
+                 fixed: Collection[str] = (), reads: Collection[str] = ()) -> str | None:
     """The Lark grammar for the whole answer: ``head`` (the text up to and including
     ``"body":"``) as written, a body over ``pou``'s declarations, the closing quote, the
     properties the schema puts after the body (``after``: key, schema, required; compact
@@ -284,7 +288,9 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
     target or ``PT`` a duration; a timer's ``IN`` is never a REAL.
     ``numbers``: the only numeric literals the body may write (the request's stated
     values, ``request.literals``); None: any. ``fixed``: variables read, never assigned
-    (the setpoints code declared from the request's values)."""
+    (the setpoints code declared from the request's values). ``reads``: setpoints (of
+    ``fixed``) not read yet: the body cannot close before a statement reads one of them
+    (``reading``)."""
     fixed_upper = {f.upper() for f in fixed}
     var: dict[str, list[str]] = {k: [] for k in KINDS}        # read as values
     writable: dict[str, list[str]] = {k: [] for k in KINDS}   # ... and assigned
@@ -400,6 +406,15 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         rules.append("call: " + " | ".join(f"call_{key}" for key, _ in calls))
         statements.append('call sp? ";"')
     rules.append(f"stmt: {' | '.join(statements)}")
+    to_read = {r.upper() for r in reads} & fixed_upper
+    read_rules = reading.rules(reading.Body(
+        numbers=[c for c in consts if c.upper() in to_read],
+        durations=[v for v in var["t"] if v.upper() in to_read],
+        targets=[k for k in KINDS if targets[k]],
+        inputs={fb: {m: _fb_kind(t) for m, t in FB_INPUTS[fb].items()} for _, fb in calls},
+        counters=bool(integers)))
+    if read_rules:   # in place of the start above
+        rules = read_rules + rules[1:]
     return _FIXED + "\n".join(rules) + "\n"
 
 
@@ -438,11 +453,18 @@ def names_at(text: str) -> tuple[str | None, list[str]] | None:
 
 
 def head_pou(text: str) -> tuple[str, dict[str, Any]] | None:
-    """When ``text`` (an answer so far) has reached its body: the head (up to and including
-    ``"body":"``) and the POU object it declares; else None."""
+    """When ``text`` (an answer so far) has closed its declarations: the head (up to and
+    including ``"body":"``, as far as written or as the schema's order goes on: the body
+    follows the variables) and the POU object it declares; else None. The body's grammar
+    holds from the ``]`` that closes the variables, so no token can cross from the
+    declarations into the body's text unchecked (``":["`` is one token)."""
     cut = text.find(BODY_MARK)
     if cut < 0:
-        return None
+        close = text.rfind("]")
+        rest = text[close + 1:]
+        if close < 0 or text.find(VARIABLES_MARK) < 0 or not ("," + BODY_MARK).startswith(rest):
+            return None
+        text, cut = text[:close + 1] + "," + BODY_MARK, close + 2
     try:
         pou = json.loads(text[:cut] + '"body":""}')
     except json.JSONDecodeError:

@@ -7,6 +7,7 @@ values, and the body under the ST grammar over the declarations just written
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,16 +58,35 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
 
     prefix, setpoints = _prefix(s, data)
     # the setpoints code declared hold the request's values: the body reads them, never
-    # assigns them
+    # assigns them, and cannot close before it has read each one (``reading``)
     fixed = [v["name"] for v in setpoints]
+    stated = request.read(data)
 
     def restage(text: str) -> Lark | None:
         found = grammar.head_pou(text)
-        body = None if found is None else grammar.body_grammar(*found, after_body,
-                                                                  numbers, fixed)
+        if found is None:
+            return None
+        head, pou = found
+        written = _body_so_far(text[len(head):]) if text.startswith(head) else ""
+        reads = request.unread(setpoints, stated, {**pou, "body": written})
+        body = grammar.body_grammar(head, pou, after_body, numbers, fixed, reads)
         return None if body is None else Lark(body)
 
-    return Shape(s, prefix, restage=restage, restage_at='"', names=grammar.names_at)
+    # asked once the declarations close (a bracket), at the body's end (a quote) and after
+    # each statement (a semicolon)
+    return Shape(s, prefix, restage=restage, restage_at='"];', names=grammar.names_at)
+
+
+def _body_so_far(text: str) -> str:
+    """The body's ST as written so far, from the JSON text after its opening quote."""
+    end = text.find('"')
+    raw = text if end < 0 else text[:end]
+    if (len(raw) - len(raw.rstrip("\\"))) % 2:
+        raw = raw[:-1]   # an escape cut in two by the token boundary
+    try:
+        return str(json.loads(f'"{raw}"'))
+    except json.JSONDecodeError:
+        return raw
 
 
 def _prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[str, str]]]:

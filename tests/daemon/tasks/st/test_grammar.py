@@ -47,7 +47,7 @@ def tokenizer() -> llguidance.LLTokenizer:
 
 def _restage(data: dict[str, Any]) -> Any:
     s = ST.kind.shape(ST.output_schema, data)
-    assert s.restage is not None and s.restage_at == '"'
+    assert s.restage is not None and s.restage_at == "\"];"
     return s.restage
 
 
