@@ -6,8 +6,10 @@ unless the body reads it; a body that never reads one fails ``relevance``. The a
 grammar is narrowed as the body is written (``shape``: asked after every ``;``): while a
 setpoint's value is still unused, the body cannot close before a statement reads one of the
 unused setpoints — in a condition, an operand, a function's argument, an FB's input, a
-FOR bound or a CASE selector, at any depth (``IF`` inside ``IF``). Once one is read the
-grammar is rebuilt over the ones left; when none is left, the body grammar is as before.
+FOR bound or a CASE selector, at any depth (``IF`` inside ``IF``); with two or more left,
+two top-level statements must (one statement may read several, and the rebuild after its
+``;`` then finds none left). Once one is read the grammar is rebuilt over the ones left;
+when none is left, or the body is closed, the body grammar is as before.
 
 Every rule here is one of the body grammar's own rules restricted to the texts in which a
 setpoint to read appears (the product of the grammar with "contains one of these names"),
@@ -70,7 +72,11 @@ def rules(body: Body) -> list[str]:
     Empty when there is nothing to read."""
     if not (body.numbers or body.durations):
         return []
-    out = ["start: HEAD gap? stmt_r gap? block TAIL tail | HEAD gap? stmt gap? block_r TAIL tail",
+    # one setpoint left: a statement reads it. More: two statements read one each, so a
+    # token that ends a statement and closes the body at once (``;"}``) cannot close it
+    # before the rebuild after that statement's ``;`` asks for the setpoints still left
+    two = "(stmt gap?)* stmt_r gap? " if len(body.numbers) + len(body.durations) > 1 else ""
+    out = [f"start: HEAD gap? {two}block_r TAIL tail",
            "block_r: (stmt gap?)* stmt_r gap? (stmt gap?)*",
            'bop: sp boolop sp | sp? "&" sp?',
            "top: sp? ARITH sp?"]

@@ -17,6 +17,10 @@ from rung.daemon.tasks.shaping import Schema, Shape, compact
 from rung.daemon.tasks.st import grammar, request
 from rung.engines.grammar import Lark
 
+# the variables an answer may declare beyond the stated interface and the setpoints (the
+# corpus answers declare at most 13)
+OWN_VARIABLES = 16
+
 
 def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
     """Type and name as the request fixes them (or code chooses them: ``_prefix``);
@@ -60,6 +64,12 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
     # the setpoints code declared hold the request's values: the body reads them, never
     # assigns them, and cannot close before it has read each one (``reading``)
     fixed = [v["name"] for v in setpoints]
+    # room for the model's own variables beside what the request states: more than any
+    # taught answer declares, so a model that repeats declarations closes the list and
+    # still has the tokens to write the body
+    most = len(request.interface(data)) + len(setpoints) + OWN_VARIABLES
+    if not isinstance(variables.get("maxItems"), int) or variables["maxItems"] > most:
+        variables["maxItems"] = most
     stated = request.read(data)
 
     def restage(text: str) -> Lark | None:
@@ -67,8 +77,10 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
         if found is None:
             return None
         head, pou = found
-        written = _body_so_far(text[len(head):]) if text.startswith(head) else ""
-        reads = request.unread(setpoints, stated, {**pou, "body": written})
+        written, closed = (_body_so_far(text[len(head):]) if text.startswith(head)
+                           else ("", False))
+        # a closed body is judged by the checks: the grammar it was written under let it
+        reads = [] if closed else request.unread(setpoints, stated, {**pou, "body": written})
         body = grammar.body_grammar(head, pou, after_body, numbers, fixed, reads)
         return None if body is None else Lark(body)
 
@@ -77,16 +89,17 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
     return Shape(s, prefix, restage=restage, restage_at='"];', names=grammar.names_at)
 
 
-def _body_so_far(text: str) -> str:
-    """The body's ST as written so far, from the JSON text after its opening quote."""
+def _body_so_far(text: str) -> tuple[str, bool]:
+    """The body's ST as written so far, from the JSON text after its opening quote, and
+    whether its closing quote is written."""
     end = text.find('"')
     raw = text if end < 0 else text[:end]
     if (len(raw) - len(raw.rstrip("\\"))) % 2:
         raw = raw[:-1]   # an escape cut in two by the token boundary
     try:
-        return str(json.loads(f'"{raw}"'))
+        return str(json.loads(f'"{raw}"')), end >= 0
     except json.JSONDecodeError:
-        return raw
+        return raw, end >= 0
 
 
 def _prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[str, str]]]:

@@ -416,3 +416,29 @@ def test_a_comparison_has_a_live_side(tokenizer: llguidance.LLTokenizer) -> None
                      "bValve := 80.0 > rCloseAbove + 1.0;",
                      "bValve := rOpenBelow < rOpenBelow;"):
         assert not accepts(constant), constant
+
+
+def test_the_declarations_leave_room_for_a_body(runner: TaskRunner) -> None:
+    """Beside the stated interface and the setpoints, an answer declares at most
+    ``OWN_VARIABLES`` of its own (more than any corpus answer): a model that repeats
+    declarations closes the list at that bound and writes the body within its tokens."""
+    from rung.daemon.tasks.st.shape import OWN_VARIABLES
+
+    shape = ST.kind.shape(ST.output_schema, HYSTERESIS)
+    setpoints = json.loads(shape.prefix + "]}")["variables"]
+    assert shape.schema["properties"]["variables"]["maxItems"] == (len(setpoints)
+                                                                   + OWN_VARIABLES)
+    assert ST.output_schema["properties"]["variables"]["maxItems"] == 40   # the contract's
+    own = "".join(f',{{"section":"VAR","name":"bFlag{i}","type":"BOOL"}}'
+                  for i in range(OWN_VARIABLES))
+    constraint, prefix_ids, _ = runner._shaped(ST, HYSTERESIS)
+    text = shape.prefix + own
+    ids = runner.tokenizer.encode(text, add_bos=False)
+    assert ids[:len(prefix_ids)] == prefix_ids
+    for t in ids[len(prefix_ids):]:
+        constraint.consume(t)
+    assert runner.tokenizer.decode(constraint.tokens) == text
+    allowed = constraint.allowed()
+    texts = runner.tokenizer.token_texts()
+    assert not any(allowed[t] for t, x in enumerate(texts) if x.startswith(","))
+    assert any(allowed[t] for t, x in enumerate(texts) if x.startswith("]"))
