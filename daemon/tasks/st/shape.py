@@ -72,7 +72,7 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
         variables["maxItems"] = most
     stated = request.read(data)
 
-    def restage(text: str) -> Lark | None:
+    def restage(text: str, reading: bool = True) -> Lark | None:
         found = grammar.head_pou(text)
         if found is None:
             return None
@@ -80,13 +80,18 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
         written, closed = (_body_so_far(text[len(head):]) if text.startswith(head)
                            else ("", False))
         # a closed body is judged by the checks: the grammar it was written under let it
-        reads = [] if closed else request.unread(setpoints, stated, {**pou, "body": written})
+        reads = [] if closed or not reading else request.unread(
+            setpoints, stated, {**pou, "body": written})
         body = grammar.body_grammar(head, pou, after_body, numbers, fixed, reads)
         return None if body is None else Lark(body)
 
     # asked once the declarations close (a bracket), at the body's end (a quote) and after
-    # each statement (a semicolon)
-    return Shape(s, prefix, restage=restage, restage_at='"];', names=grammar.names_at)
+    # each statement (a semicolon); after an answer that ran out of tokens, a retry may
+    # close without reading every setpoint (``relevance`` still judges it)
+    looser = Shape(s, prefix, restage=lambda text: restage(text, reading=False),
+                   restage_at='"];', names=grammar.names_at) if setpoints else None
+    return Shape(s, prefix, restage=restage, restage_at='"];', names=grammar.names_at,
+                 looser=looser)
 
 
 def _body_so_far(text: str) -> tuple[str, bool]:

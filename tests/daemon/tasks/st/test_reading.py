@@ -17,7 +17,8 @@ import llguidance
 import numpy as np
 import pytest
 
-from rung.daemon.tasks.runner import TaskRunner
+from rung.daemon.request import Request
+from rung.daemon.tasks.runner import Prepared, RetryPolicy, TaskResult, TaskRunner
 from rung.daemon.tasks.shaping import compact
 from rung.daemon.tasks.st import grammar as st_grammar
 from rung.daemon.tasks.st import request as st_request
@@ -208,6 +209,41 @@ def test_followed_token_by_token_the_closing_quote_waits(
             assert seen.endswith(("bVent := tmr.Q", "bVent := tmr.Q;")), seen[-40:]
             assert not constraint.accepting
             assert constraint.restages >= 2
+
+
+def _follow(constraint: Any, runner: TaskRunner, text: str, skip: int) -> int:
+    """Feed ``text``'s tokens after the first ``skip`` while the grammar allows them: how
+    many tokens of it were written."""
+    ids = runner.tokenizer.encode(text, add_bos=False)
+    for n, t in enumerate(ids[skip:], skip):
+        if not constraint.allowed()[t]:
+            return n
+        constraint.consume(t)
+    return len(ids)
+
+
+def test_a_retry_after_running_out_of_tokens_may_close_without_reading(
+        runner: TaskRunner, shape: Any, setpoints: list[str]) -> None:
+    """A model that goes on writing where it may not close runs out of tokens; its retry
+    takes the looser shape (``Shape.looser``: the body grammar without the reading rule),
+    so it can close and be judged by ``relevance``; a retry after any other failure keeps
+    the reading rule."""
+    assert shape.looser is not None and shape.looser.prefix == shape.prefix
+    text = _answer(shape, UNREAD[1][0].format(*setpoints))
+    ids = runner.tokenizer.encode(text, add_bos=False)
+    p = runner.prepare("st_code", VENT, SamplingParams())
+    assert isinstance(p, Prepared)
+    skip = len(runner._shaped(ST, VENT)[1])
+    assert _follow(p.constraint, runner, text, skip) < len(ids)
+    req = Request("st_code", VENT, 0.0, 0.0)
+    policy = RetryPolicy()
+    for code, closes in (("truncated", True), ("invalid_output", False)):
+        failed = TaskResult(req, False, code, "x")
+        again = runner.retry(p, policy, failed)
+        written = _follow(again.constraint, runner, text, skip)
+        assert (written == len(ids) and again.constraint.accepting) == closes, code
+    # a request whose values have no setpoints has no looser shape: nothing to loosen
+    assert ST.kind.shape(ST.output_schema, {"description": "Latch the alarm."}).looser is None
 
 
 def test_no_restage_refuses_what_a_random_walk_wrote(runner: TaskRunner) -> None:
