@@ -195,16 +195,12 @@ class TaskRunner:
         return Prepared(task, data, ids, constraint, row_params, prefix, grammar_ms,
                         room=max_seq - len(ids))
 
-    def _shaped(self, task: Task, data: Any, looser: bool = False
-                ) -> tuple[Constraint, list[int], str]:
+    def _shaped(self, task: Task, data: Any) -> tuple[Constraint, list[int], str]:
         """The request's constraint (its narrowed schema, compiled once per distinct
         schema) already advanced over the answer's computed start, and that start's
-        tokens. ``looser``: the shape's looser form (``Shape.looser``), for a retry after
-        an answer that ran out of tokens."""
+        tokens."""
         shape = (task.kind.shape(task.output_schema, data) if self.shaped
                  else shaping.Shape(task.output_schema))
-        if looser and shape.looser is not None:
-            shape = shape.looser
         grammar = (self.grammars[task.name] if shape.schema is task.output_schema
                    else self.compiler.compile(shape.schema))
         constraint = self.compiler.constraint(grammar)
@@ -224,15 +220,12 @@ class TaskRunner:
 
     def retry(self, prepared: Prepared, policy: RetryPolicy, failed: Answer) -> Prepared:
         """The next attempt at a request whose answer (``failed``) failed validation: the
-        same shape (its looser form after an answer that ran out of tokens:
-        ``Shape.looser``); resampled (the task's prompt, at ``policy.temperature`` at
-        least, another seed) or, in feedback mode, prompted with the findings of
-        ``failed`` (see ``RetryPolicy``). The answer's computed start follows the prompt
-        either way."""
+        same shape; resampled (the task's prompt, at ``policy.temperature`` at least,
+        another seed) or, in feedback mode, prompted with the findings of ``failed`` (see
+        ``RetryPolicy``). The answer's computed start follows the prompt either way."""
         params = prepared.params
         seed = (params.seed or 0) + prepared.attempt   # a different draw each try
-        truncated = (failed.error or {}).get("code") == "truncated"
-        constraint, prefix_ids, _ = self._shaped(prepared.task, prepared.data, truncated)
+        constraint, prefix_ids, _ = self._shaped(prepared.task, prepared.data)
         ids = (self.feedback_ids(prepared.task, prepared.data, failed, policy.form)
                if policy.mode == "feedback" else None)
         feedback = ids is not None and self._room_for(len(ids) + len(prefix_ids), params,

@@ -40,9 +40,6 @@ class Shape:
     # names the answer declares that must be new (``names.NameGuard``): at such a name,
     # what of it is written and the names it may not be
     names: NamesAt | None = None
-    # the shape a retry takes after an answer under this one ran out of tokens: without a
-    # narrowing a model may go on writing under, never closing (None: this one again)
-    looser: Shape | None = None
 
 
 def compact(value: Any) -> str:

@@ -3,8 +3,9 @@
 While an ``st_code`` answer writes its ``variables``, each name (from its ``"name":"`` on)
 is one no earlier variable took, nor a keyword, a type name or the POU's name
 (``names_at``, kept by ``names.NameGuard`` token by token). Once the declarations are
-written (the text reaches ``"body":"``), the body is generated under a grammar built from
-them (``body_grammar``), so two classes of refusal cannot be generated any more:
+written (the text reaches ``"body":"``; the grammar holds from the ``]`` that closes them:
+``head_pou``), the body is generated under a grammar built from them (``body_grammar``),
+so two classes of refusal cannot be generated any more:
 
 - syntax: statements are IEC 61131-3 ST as the checker's parser reads it (``IF``/``ELSIF``/
   ``ELSE``/``END_IF;``, ``CASE``, ``FOR``, ``WHILE``, ``REPEAT``, assignments, calls of FB
@@ -32,9 +33,6 @@ strings use single quotes). The part before the body is a literal (the grammar a
 answer from its start: the constraint replays its tokens), the part after it is the
 schema's optional ``assumptions`` and the closing brace.
 
-While a setpoint code declared is not read yet, the body cannot close before a statement
-reads one (``reading``; rebuilt after every ``;``).
-
 The validators stay the judge: the grammar is a subset of what they accept, not a proof.
 """
 
@@ -45,7 +43,6 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from rung.daemon.tasks.st import reading
 from rung.daemon.tasks.st.interpreter import type_kind
 from rung.daemon.tasks.st.pou import (
     CONVERSION_TYPES,
@@ -276,7 +273,7 @@ def _number_rule(numbers: Sequence[str] | None) -> list[str]:
 
 def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = (),
                  numbers: Sequence[str] | None = None,
-                 fixed: Collection[str] = (), reads: Collection[str] = ()) -> str | None:
+                 fixed: Collection[str] = ()) -> str | None:
     """The Lark grammar for the whole answer: ``head`` (the text up to and including
     ``"body":"``) as written, a body over ``pou``'s declarations, the closing quote, the
     properties the schema puts after the body (``after``: key, schema, required; compact
@@ -288,9 +285,7 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
     target or ``PT`` a duration; a timer's ``IN`` is never a REAL.
     ``numbers``: the only numeric literals the body may write (the request's stated
     values, ``request.literals``); None: any. ``fixed``: variables read, never assigned
-    (the setpoints code declared from the request's values). ``reads``: setpoints (of
-    ``fixed``) not read yet: the body cannot close before a statement reads one of them
-    (``reading``)."""
+    (the setpoints code declared from the request's values)."""
     fixed_upper = {f.upper() for f in fixed}
     var: dict[str, list[str]] = {k: [] for k in KINDS}        # read as values
     writable: dict[str, list[str]] = {k: [] for k in KINDS}   # ... and assigned
@@ -406,15 +401,6 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         rules.append("call: " + " | ".join(f"call_{key}" for key, _ in calls))
         statements.append('call sp? ";"')
     rules.append(f"stmt: {' | '.join(statements)}")
-    to_read = {r.upper() for r in reads} & fixed_upper
-    read_rules = reading.rules(reading.Body(
-        numbers=[c for c in consts if c.upper() in to_read],
-        durations=[v for v in var["t"] if v.upper() in to_read],
-        targets=[k for k in KINDS if targets[k]],
-        inputs={fb: {m: _fb_kind(t) for m, t in FB_INPUTS[fb].items()} for _, fb in calls},
-        counters=bool(integers)))
-    if read_rules:   # in place of the start above
-        rules = read_rules + rules[1:]
     return _FIXED + "\n".join(rules) + "\n"
 
 

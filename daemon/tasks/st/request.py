@@ -213,33 +213,22 @@ def _effective(pou: Mapping[str, Any]) -> str:
     return "\n".join([code, *initials])
 
 
-def unused(stated: Stated, pou: Mapping[str, Any]) -> list[Value]:
-    """The values stated with a unit that the POU does not use: the body neither writes
-    it nor reads a variable declared with it; a duration counts as a TIME literal of the
-    same length (or its number), anything else as the number (a percentage also as a
-    fraction)."""
-    numbers, seconds = _used(_effective(pou))
-    fractions = {round(n, 9) for n in numbers}
-    return [v for v in stated.with_units
-            if not (v.number in numbers
-                    or (v.seconds is not None and round(v.seconds, 6) in seconds)
-                    or (v.unit == "%" and round(v.number / 100, 9) in fractions))]
-
-
 def values_used(stated: Stated, pou: Mapping[str, Any]) -> dict[str, Any]:
-    """Each value stated with a unit is used by the POU (``unused``)."""
-    missing = [str(v) for v in unused(stated, pou)]
+    """Each value stated with a unit is used by the POU: the body writes it, or reads a
+    variable declared with it; a duration as a TIME literal of the same length (or its
+    number), anything else as the number (a percentage also as a fraction)."""
+    numbers, seconds = _used(_effective(pou))
+    missing = []
+    for v in stated.with_units:
+        secs = v.seconds
+        found = (v.number in numbers or (secs is not None and round(secs, 6) in seconds)
+                 or (v.unit == "%" and round(v.number / 100, 9) in
+                     {round(n, 9) for n in numbers}))
+        if not found:
+            missing.append(str(v))
     return {"ok": not missing, "stated": [str(v) for v in stated.with_units],
             "errors": [{"path": "body", "message": f"the request states {m}; the POU does not "
                         "use it"} for m in missing]}
-
-
-def unread(setpoints: Sequence[Mapping[str, str]], stated: Stated,
-           pou: Mapping[str, Any]) -> list[str]:
-    """The names of the ``setpoints`` (as ``setpoints`` declares them) whose value the POU
-    does not use yet (``unused``)."""
-    missing = {_SETPOINT_COMMENT.format(v) for v in unused(stated, pou)}
-    return [sp["name"] for sp in setpoints if sp.get("comment") in missing]
 
 
 _STEPPED = re.compile(r"(?<![\w.])(\w+)\s*:=\s*\1\s*[-+]\s*1(?![\w.])", re.I)
@@ -360,9 +349,6 @@ def _words_near(text: str, at: int, end: int) -> list[str]:
     return _words(text[end:after.start() if after else len(text)])[:2]
 
 
-_SETPOINT_COMMENT = "stated: {}"   # a setpoint's comment: the value it holds, as stated
-
-
 def setpoints(data: Mapping[str, Any], taken: Iterable[str] = (),
               given: Iterable[float] = (), room: int | None = None) -> list[dict[str, str]]:
     """Each value the request states with a unit, declared as a variable with that value
@@ -402,7 +388,7 @@ def setpoints(data: Mapping[str, Any], taken: Iterable[str] = (),
         counts[stem.upper()] = n
         used.add(name.upper())
         out.append({"section": "VAR", "name": name, "type": vtype, "initial": initial,
-                    "comment": _SETPOINT_COMMENT.format(v)})
+                    "comment": f"stated: {v}"})
     return out
 
 

@@ -7,7 +7,6 @@ values, and the body under the ST grammar over the declarations just written
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,7 +61,7 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
 
     prefix, setpoints = _prefix(s, data)
     # the setpoints code declared hold the request's values: the body reads them, never
-    # assigns them, and cannot close before it has read each one (``reading``)
+    # assigns them
     fixed = [v["name"] for v in setpoints]
     # room for the model's own variables beside what the request states: more than any
     # taught answer declares, so a model that repeats declarations closes the list and
@@ -70,41 +69,15 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
     most = len(request.interface(data)) + len(setpoints) + OWN_VARIABLES
     if not isinstance(variables.get("maxItems"), int) or variables["maxItems"] > most:
         variables["maxItems"] = most
-    stated = request.read(data)
 
-    def restage(text: str, reading: bool = True) -> Lark | None:
+    def restage(text: str) -> Lark | None:
         found = grammar.head_pou(text)
-        if found is None:
-            return None
-        head, pou = found
-        written, closed = (_body_so_far(text[len(head):]) if text.startswith(head)
-                           else ("", False))
-        # a closed body is judged by the checks: the grammar it was written under let it
-        reads = [] if closed or not reading else request.unread(
-            setpoints, stated, {**pou, "body": written})
-        body = grammar.body_grammar(head, pou, after_body, numbers, fixed, reads)
+        body = None if found is None else grammar.body_grammar(*found, after_body,
+                                                                  numbers, fixed)
         return None if body is None else Lark(body)
 
-    # asked once the declarations close (a bracket), at the body's end (a quote) and after
-    # each statement (a semicolon); after an answer that ran out of tokens, a retry may
-    # close without reading every setpoint (``relevance`` still judges it)
-    looser = Shape(s, prefix, restage=lambda text: restage(text, reading=False),
-                   restage_at='"];', names=grammar.names_at) if setpoints else None
-    return Shape(s, prefix, restage=restage, restage_at='"];', names=grammar.names_at,
-                 looser=looser)
-
-
-def _body_so_far(text: str) -> tuple[str, bool]:
-    """The body's ST as written so far, from the JSON text after its opening quote, and
-    whether its closing quote is written."""
-    end = text.find('"')
-    raw = text if end < 0 else text[:end]
-    if (len(raw) - len(raw.rstrip("\\"))) % 2:
-        raw = raw[:-1]   # an escape cut in two by the token boundary
-    try:
-        return str(json.loads(f'"{raw}"')), end >= 0
-    except json.JSONDecodeError:
-        return raw, end >= 0
+    # asked once the declarations close (a bracket) and at the body's quotes
+    return Shape(s, prefix, restage=restage, restage_at='"]', names=grammar.names_at)
 
 
 def _prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[str, str]]]:

@@ -6,6 +6,7 @@ validators pass."""
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ def tokenizer() -> llguidance.LLTokenizer:
 
 def _restage(data: dict[str, Any]) -> Any:
     s = ST.kind.shape(ST.output_schema, data)
-    assert s.restage is not None and s.restage_at == "\"];"
+    assert s.restage is not None and s.restage_at == '"]'
     return s.restage
 
 
@@ -442,3 +443,30 @@ def test_the_declarations_leave_room_for_a_body(runner: TaskRunner) -> None:
     texts = runner.tokenizer.token_texts()
     assert not any(allowed[t] for t, x in enumerate(texts) if x.startswith(","))
     assert any(allowed[t] for t, x in enumerate(texts) if x.startswith("]"))
+
+
+def test_no_restage_refuses_what_a_random_walk_wrote(runner: TaskRunner) -> None:
+    """Random walks through a description-only request's grammar from the answer's start,
+    restaged as the runner restages (the body's grammar from the ``]`` that closes the
+    declarations on): no restage refuses the answer so far, whatever tokens it took (one
+    walk once crossed from ``"body":`` into the body's text with the single token
+    ``":["``, before the body's grammar held from the ``]``)."""
+    request = {"description": "Open the vent valve when the tank pressure exceeds 6.5 bar "
+                              "and close it again below 5.8 bar, after a 3 s delay."}
+    tok = runner.tokenizer
+    texts = tok.token_texts()
+    vocab = runner.engine.manifest.dims.vocab_size
+    # lean towards the tokens that end things, so that walks reach the body
+    ending = np.array([any(c in x for c in '";]}') or "END" in x for x in texts]
+                      + [False] * (vocab - len(texts)))
+    bodies = 0
+    for walk in range(12):
+        rng = random.Random(walk)
+        constraint, _, _ = runner._shaped(ST, request)
+        while not constraint.accepting and len(constraint.tokens) < 1500:
+            ids = np.flatnonzero(constraint.allowed())
+            marks = ids[ending[ids]]
+            constraint.consume(int(rng.choice(marks if len(marks) and rng.random() < 0.5
+                                              else ids)))
+        bodies += st_grammar.BODY_MARK in tok.decode(constraint.tokens)
+    assert bodies >= 8
