@@ -269,8 +269,8 @@ class TaskRunner:
     def _follow(self, constraint: Constraint, shape: shaping.Shape) -> None:
         """Hook a shape's restage and name guard onto ``constraint``: each token is read by
         its own text; the answer's whole text is decoded only when one of them asks (the
-        restage after a token carrying one of ``shape.restage_at``, the guard after a quote
-        or a colon); a stage the answer is already in is not applied again."""
+        restage after a token carrying ``shape.restage_at``, the guard after a quote or a
+        colon); a stage the answer is already in is not applied again."""
         restage, at = shape.restage, shape.restage_at
         guard = (NameGuard(self._closers(), shape.names) if shape.names is not None
                  else None)
@@ -288,7 +288,7 @@ class TaskRunner:
 
             if guard is not None:
                 guard.seen(last, text)
-            if restage is None or not any(c in last for c in at):
+            if restage is None or at not in last:
                 return None
             spec = restage(text())
             if spec is None or spec in applied[-1:]:

@@ -36,7 +36,7 @@ class Shape:
     # (the answer's text so far) -> the schema or grammar the whole answer must follow,
     # once the text decides it (None: nothing new); applied each time it says something new
     restage: Callable[[str], Schema | Lark | None] | None = None
-    restage_at: str = "["   # asked only after a token carrying one of these characters
+    restage_at: str = "["   # asked only after a token carrying this character
     # names the answer declares that must be new (``names.NameGuard``): at such a name,
     # what of it is written and the names it may not be
     names: NamesAt | None = None

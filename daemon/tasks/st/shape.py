@@ -76,8 +76,8 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
                                                                   numbers, fixed)
         return None if body is None else Lark(body)
 
-    # asked once the declarations close (a bracket) and at the body's quotes
-    return Shape(s, prefix, restage=restage, restage_at='"]', names=grammar.names_at)
+    # asked at each bracket: the body's grammar from the one that closes the declarations
+    return Shape(s, prefix, restage=restage, restage_at="]", names=grammar.names_at)
 
 
 def _prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[str, str]]]:

@@ -9,11 +9,9 @@ unshaped, passes it."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from rung.daemon.tasks.fault_tree.analysis import check_components, system_components
@@ -25,6 +23,7 @@ from rung.engines import load_engine
 from rung.engines.grammar import GrammarError
 from rung.engines.sampler import SamplingParams
 from rung.engines.tokenizer import Tokenizer
+from tests.daemon.tasks.walks import walk
 
 FT = load_tasks()["fault_tree"]
 SYSTEM = "Pump set P-101: centrifugal pump, suction strainer, motor, contactor and check valve"
@@ -135,23 +134,13 @@ def test_the_grammar_refuses_an_event_that_names_none(runner: TaskRunner) -> Non
 def test_every_tree_the_grammar_closes_names_enough_components(runner: TaskRunner) -> None:
     """Random walks through the request's grammar, restaged as the runner restages: every
     closed tree passes the components check, and no restage refuses the answer so far."""
-    tok = runner.tokenizer
-    texts = tok.token_texts()
-    vocab = runner.engine.manifest.dims.vocab_size
-    structural = np.array([any(c in x for c in '"[]{},') for x in texts]
-                          + [False] * (vocab - len(texts)))
     closed = 0
-    for walk in range(12):
-        rng = random.Random(walk)
-        constraint, _, _ = runner._shaped(FT, REQUEST)
-        while not constraint.accepting and len(constraint.tokens) < 3000:
-            ids = np.flatnonzero(constraint.allowed())
-            marks = ids[structural[ids]]
-            constraint.consume(int(rng.choice(marks if len(marks) and rng.random() < 0.7
-                                              else ids)))
+    for seed in range(12):
+        constraint = walk(runner, FT, REQUEST, lambda x: any(c in x for c in '"[]{},'),
+                          seed, most=3000, lean=0.7)
         if not constraint.accepting:
             continue
-        tree = json.loads(tok.decode(constraint.tokens))
+        tree = json.loads(runner.tokenizer.decode(constraint.tokens))
         closed += 1
         section = check_components(tree, SYSTEM)
         events = len(tree["basic_events"])

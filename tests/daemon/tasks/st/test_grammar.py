@@ -6,7 +6,6 @@ validators pass."""
 from __future__ import annotations
 
 import json
-import random
 import re
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from rung.engines.grammar import Lark
 from rung.engines.sampler import SamplingParams
 from rung.engines.tokenizer import Tokenizer
 from rung.tools.corpus import generate as corpus
+from tests.daemon.tasks.walks import walk
 
 ST = load_tasks()["st_code"]
 MODEL = Path(__file__).resolve().parents[4] / "models" / "edge-tiny"
@@ -48,7 +48,7 @@ def tokenizer() -> llguidance.LLTokenizer:
 
 def _restage(data: dict[str, Any]) -> Any:
     s = ST.kind.shape(ST.output_schema, data)
-    assert s.restage is not None and s.restage_at == '"]'
+    assert s.restage is not None and s.restage_at == "]"
     return s.restage
 
 
@@ -453,20 +453,10 @@ def test_no_restage_refuses_what_a_random_walk_wrote(runner: TaskRunner) -> None
     ``":["``, before the body's grammar held from the ``]``)."""
     request = {"description": "Open the vent valve when the tank pressure exceeds 6.5 bar "
                               "and close it again below 5.8 bar, after a 3 s delay."}
-    tok = runner.tokenizer
-    texts = tok.token_texts()
-    vocab = runner.engine.manifest.dims.vocab_size
-    # lean towards the tokens that end things, so that walks reach the body
-    ending = np.array([any(c in x for c in '";]}') or "END" in x for x in texts]
-                      + [False] * (vocab - len(texts)))
     bodies = 0
-    for walk in range(12):
-        rng = random.Random(walk)
-        constraint, _, _ = runner._shaped(ST, request)
-        while not constraint.accepting and len(constraint.tokens) < 1500:
-            ids = np.flatnonzero(constraint.allowed())
-            marks = ids[ending[ids]]
-            constraint.consume(int(rng.choice(marks if len(marks) and rng.random() < 0.5
-                                              else ids)))
-        bodies += st_grammar.BODY_MARK in tok.decode(constraint.tokens)
+    for seed in range(12):
+        constraint = walk(runner, ST, request,
+                          lambda x: any(c in x for c in '";]}') or "END" in x,
+                          seed, most=1500, lean=0.5)
+        bodies += st_grammar.BODY_MARK in runner.tokenizer.decode(constraint.tokens)
     assert bodies >= 8
