@@ -19,15 +19,17 @@ Where the request is silent (no number, no delay word) nothing is required.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rung.daemon.tasks.st.pou import RESERVED_NAMES
 
-# a number in a request, with the unit that follows it, if any ("8.5 bar", "30 s", "70 %")
+# a number in a request, with the unit that follows it, if any ("8.5 bar", "30 s", "70 %",
+# "-40 °C": a minus after a space is the value's sign, in "10-20" it is a range's dash)
 # a number in a plant tag (P-101, TT-204A, XV-12) names equipment, not a value
-_STATED = re.compile(r"(?<![\w.#])(?<![A-Za-z]-)(\d+(?:\.\d+)?)\s*"
+_STATED = re.compile(r"(?<![\w.#])(?<![A-Za-z]-)(-?\d+(?:\.\d+)?)\s*"
                      r"(%|°C|[a-zA-Zµ]+\d*(?:/[a-zA-Z]+)?)?")
 _SECONDS = {"ms": 0.001, "msec": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
             "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
@@ -145,6 +147,8 @@ def read(data: Mapping[str, Any]) -> Stated:
     text = _COMPOUND.sub(" ", text)
     for number, unit in _STATED.findall(text):
         u = unit if unit and (unit.lower() in _SECONDS or _is_unit(unit)) else None
+        if u is not None and u.lower() in _SECONDS:
+            number = number.removeprefix("-")   # a duration has no sign ("for -5 s": a dash)
         values.setdefault(Value(number, u))
     return Stated(tuple(values), tuple(needs))
 
@@ -164,10 +168,10 @@ def literals(stated: Stated) -> list[str]:
     percentage also as its fraction, a count also one less: an array's last index) and
     ``SMALL``."""
     numbers: list[str] = []
-    for v in stated.values:
-        numbers += _forms(v.number)
+    for v in stated.values:   # unsigned: the grammar writes a sign as the minus before it
+        numbers += _forms(abs(v.number))
         if v.unit == "%":
-            numbers += _forms(v.number / 100)
+            numbers += _forms(abs(v.number) / 100)
         if v.seconds is None and v.number == int(v.number) and 1 < v.number <= 10_000:
             numbers += _forms(v.number - 1)
     numbers += [s for i in SMALL for s in _forms(float(i))]
@@ -182,7 +186,8 @@ def _unique(items: Iterable[str]) -> list[str]:
 
 _TIME_LIT = re.compile(r"\b(?:T|TIME|LTIME)#(-?[0-9_.a-zA-Z]+)", re.IGNORECASE)
 _UNIT_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|us|ns|d|h|m|s)", re.IGNORECASE)
-_NUMBER = re.compile(r"(?<![\w#.])(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?![\w#])")
+# a minus right before a number, not after an operand (``x-40``, ``(a)-40``), is its sign
+_NUMBER = re.compile(r"(?<![\w#.)\]])(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?![\w#])")
 _PART_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6,
                  "ns": 1e-9}
 
@@ -333,8 +338,21 @@ def time_literal(seconds: float) -> str:
     return "T#" + ("".join(parts) or "0s")
 
 
+# letters an IEC 61131-3 name cannot hold, as German writes them without (``Förderband`` ->
+# ``Foerderband``); any other accent is dropped (``pompe doseuse à`` -> ``a``)
+_SPELLED = str.maketrans({"ä": "ae", "ö": "oe", "ü": "ue", "Ä": "Ae", "Ö": "Oe", "Ü": "Ue",
+                          "ß": "ss"})
+
+
+def ascii_words(text: str) -> str:
+    """``text`` in the letters a name may hold: umlauts spelled out, other accents
+    dropped, whatever has no ASCII form left out."""
+    plain = unicodedata.normalize("NFKD", text.translate(_SPELLED))
+    return plain.encode("ascii", "ignore").decode("ascii")
+
+
 def _words(text: str) -> list[str]:
-    return [w for w in re.findall(r"[A-Za-z]{2,}", text)
+    return [w for w in re.findall(r"[A-Za-z]{2,}", ascii_words(text))
             if w.lower() not in _FILLER and not _is_unit(w)]
 
 
@@ -438,7 +456,7 @@ def pou_name(data: Mapping[str, Any], pou_type: str = "FUNCTION_BLOCK",
     in ``taken`` (a number appended)."""
     words: list[str] = []
     for clause in _NAME_CLAUSE.split(str(data.get("description", ""))):
-        words = re.findall(r"[A-Za-z][A-Za-z0-9]*", clause or "")
+        words = re.findall(r"[A-Za-z][A-Za-z0-9]*", ascii_words(clause or ""))
         if words and _verb(words[0]):
             words = words[1:]
         words = [w for w in words if w.lower() not in _NAME_FILLER and not _is_unit(w)

@@ -316,3 +316,35 @@ def test_code_writes_only_declarations_the_schema_accepts() -> None:
     assert st.kind.shape(st.output_schema, huge).prefix == ""
     fits = {**many, "description": "Open above 70 %."}
     assert '"initial":"70.0"' in st.kind.shape(st.output_schema, fits).prefix
+
+
+def test_a_negative_value_keeps_its_sign() -> None:
+    """"under -40 °C" states minus forty: the setpoint holds -40.0 and a POU that writes 40
+    does not use it; a dash in a range or after an operand is no sign."""
+    data = {"description": "Sensor fault when the reading is under -40 °C or over 150 °C; "
+                           "alarm between 10-20 s after start."}
+    values = st_request.read(data).with_units
+    assert [(v.text, v.unit) for v in values] == [("-40", "°C"), ("150", "°C"), ("20", "s")]
+    setpoints = st_request.declared(data)[1]
+    assert [v["initial"] for v in setpoints][:2] == ["-40.0", "150.0"]
+    # the grammar writes the sign as a minus before the number: the numbers are unsigned
+    assert "40.0" in st_request.literals(st_request.read(data))
+    stated = st_request.read({"description": "Fault under -40 °C."})
+    vs = [{"section": "VAR_INPUT", "name": "rT", "type": "REAL"},
+          {"section": "VAR_OUTPUT", "name": "bF", "type": "BOOL"}]
+    pou = {"pou_type": "FUNCTION_BLOCK", "name": "FB_T", "variables": vs}
+    assert st_request.values_used(stated, {**pou, "body": "bF := rT < -40.0;"})["ok"]
+    assert not st_request.values_used(stated, {**pou, "body": "bF := rT < 40.0;"})["ok"]
+    assert not st_request.values_used(stated, {**pou, "body": "bF := rT-40.0 < 0.0;"})["ok"]
+
+
+def test_names_code_gives_spell_out_what_iec_names_cannot_hold() -> None:
+    """A German or French word in the description gives the POU and its setpoints names of
+    ASCII letters, spelled as the language writes them without umlauts."""
+    data = {"description": "Förderband CV-7, Tippbetrieb: the belt runs for at most 5 s per "
+                           "press; Druckerhöhung above 4.5 bar."}
+    name = st_request.pou(data)
+    assert name == ("FUNCTION_BLOCK", "FB_FoerderbandCV")
+    assert st_request.ascii_words("Spülung à l'eau, Maß") == "Spuelung a l'eau, Mass"
+    assert [v["name"] for v in st_request.declared(data)[1]] == ["tBeltRuns",
+                                                              "rDruckerhoehungAbove"]

@@ -21,5 +21,5 @@ def test_tag_numbers_are_not_stated_values() -> None:
 
 def test_numbers_that_are_values_still_are() -> None:
     assert _values("heat to -5 °C, 7.5 bar, 3 parts, 1 min 30 s") == [
-        ("90", "s"), ("5", "°C"), ("7.5", "bar"), ("3", "parts")]
+        ("90", "s"), ("-5", "°C"), ("7.5", "bar"), ("3", "parts")]
     assert ("12", None) in _values("a batch of 12, tank T1")
