@@ -172,12 +172,13 @@ class Constraint:
         if self.matcher.is_error():
             raise GrammarError(f"constraint failed: {self.matcher.get_error()}")
         refused = self._refuse() if self._refuse is not None else ()
-        if refused:
+        if len(refused):
             words = self._bits.view(np.uint32)[0]
             kept = words.copy()
-            for tok in refused:
-                if 0 <= tok < self.vocab_size:
-                    words[tok >> 5] &= ~np.uint32(1 << (tok & 31))
+            toks = np.asarray(refused, dtype=np.int64)
+            toks = toks[(toks >= 0) & (toks < self.vocab_size)]
+            np.bitwise_and.at(words, toks >> 5,
+                              ~(np.uint32(1) << (toks & 31).astype(np.uint32)))
             if not words.any():
                 words[:] = kept
         self.mask_seconds.append(time.perf_counter() - t0)
