@@ -62,9 +62,16 @@ Member = tuple[str, Mapping[str, Any], bool]
 # on one line, both bounded) only between statements: a comment left open would let anything
 # through to the end of the answer. Separate lexemes: one regex for both would keep "/"
 # and "(" open as a comment's start after a space, and the lexer cannot step back there.
-# at most one line break and 24 blanks a lexeme, four lexemes between statements: room for
-# any layout an engineer writes, none for a model that pads where it cannot go on
-_SPACE = r"/(?:[ ]|\\t){1,24}|(?:\\r)?\\n(?:[ ]|\\t){0,24}/"
+# between statements (``gap``) at most one line break and 24 blanks a lexeme, four lexemes:
+# room for any layout an engineer writes. Inside a statement (``sp``) a few blanks, or a
+# line break with a continuation line's indent; before ``:=`` and ``=>`` (``asp``) the 24
+# blanks that align a column. None leaves room for a model that pads where it cannot go
+# on (runs of tabs between the operands of one expression)
+_BLANKS = r"(?:[ ]|\\t){1,24}"
+_BREAK = r"(?:\\r)?\\n(?:[ ]|\\t){0,%d}"
+_SPACE = f"/{_BLANKS}|{_BREAK % 24}/"
+_INLINE = f"/[ ]{{1,4}}|\\\\t|{_BREAK % 12}/"
+_ALIGN = f"/{_BLANKS}|{_BREAK % 12}/"
 _COMMENT = (r'/\/\/[^\\"\x00-\x1f]{0,160}\\n'
             r'|\(\*(?:[^*\\"\x00-\x1f]|\*+[^*)\\"\x00-\x1f]){0,160}\*+\)/')
 _UNIT = r"[0-9]+(?:\.[0-9]+)?(?:ms|us|ns|MS|US|NS|d|h|m|s|D|H|M|S)"
@@ -73,9 +80,12 @@ _DIGITS = "[0-9](?:_?[0-9])*"
 _BASED = "2#[01](?:_?[01])*|8#[0-7](?:_?[0-7])*|16#[0-9A-Fa-f](?:_?[0-9A-Fa-f])*"
 _FIXED = rf"""
 %llguidance {{}}
-sp: SPACE
+sp: INLINE
+asp: ALIGN
 gap: (SPACE | COMMENT){{1,4}}
 SPACE: {_SPACE}
+INLINE: {_INLINE}
+ALIGN: {_ALIGN}
 COMMENT: {_COMMENT}
 INT: /{_DIGITS}/
 BASED: /(?:{_BASED})/
@@ -369,8 +379,8 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         if targets[k]:
             rules.append(f"{k}target: {' | '.join(targets[k])}")
     for key, fb in calls:
-        args = [f'{_lit(m)} sp? ":=" sp? {expr[_fb_kind(t)]}' for m, t in FB_INPUTS[fb].items()]
-        args += [f'{_lit(m)} sp? "=>" sp? {_fb_kind(t)}target'
+        args = [f'{_lit(m)} asp? ":=" sp? {expr[_fb_kind(t)]}' for m, t in FB_INPUTS[fb].items()]
+        args += [f'{_lit(m)} asp? "=>" sp? {_fb_kind(t)}target'
                  for m, t in FB_OUTPUTS[fb].items() if targets[_fb_kind(t)]]
         rules += [f"arg_{key}: {' | '.join(args)}",
                   f'call_{key}: inst_{key} sp? "(" sp? (arg_{key} (sp? "," sp? arg_{key})*)? '
@@ -388,13 +398,13 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         "sexpr: STRING | sfunc" + (" | svalue" if values["s"] else "")]
     statements = ["if_stmt", "case_stmt", "while_stmt", "repeat_stmt",
                   '"RETURN" sp? ";"', '"EXIT" sp? ";"']
-    assigns = [f'{k}target sp? ":=" sp? {expr[k]} sp? ";"' for k in KINDS if targets[k]]
+    assigns = [f'{k}target asp? ":=" sp? {expr[k]} sp? ";"' for k in KINDS if targets[k]]
     if assigns:
         rules.append(f"assign: {' | '.join(assigns)}")
         statements.insert(0, "assign")
     if integers:
         rules += [f"counter: {_alt(integers)}",
-                  'for_stmt: "FOR" sp counter sp? ":=" sp? nexpr sp "TO" sp nexpr '
+                  'for_stmt: "FOR" sp counter asp? ":=" sp? nexpr sp "TO" sp nexpr '
                   '(sp "BY" sp nexpr)? sp "DO" gap block "END_FOR" sp? ";"']
         statements.append("for_stmt")
     if calls:

@@ -127,6 +127,11 @@ def test_every_corpus_answer_is_accepted_from_its_own_declarations(
     "i := i + 1;\nbValve := i MOD 2 = 0 & bDrainOpen;",
     "aLog[i] := INT_TO_REAL(i) / 10.0;\nbValve := bValve = bDrainOpen;",
     "bValve := GT(rLevel, MAX(aLog[0], 1.0)) XOR AND(bValve, NOT (rLevel < 1.0));",
+    # layout: columns aligned before := and =>, a condition continued on indented lines
+    "i                   := 0;\nbValve              := FALSE;\ntmrFill(IN          := bValve,"
+    "\n        PT          := T#5s,\n        Q           => bValve);",
+    "IF rLevel > 80.0\n\t\tAND NOT bDrainOpen\n\t\tOR bValve THEN\n\tbValve := TRUE;\n"
+    "END_IF;",
 ])
 def test_valid_bodies_pass_the_grammar_and_the_validators(
         tokenizer: llguidance.LLTokenizer, body: str) -> None:
@@ -141,7 +146,8 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
             "an array without its index", "a WSTRING literal", "a REAL into a timer's IN",
             "a number as a condition", "a BOOL in arithmetic", "a BOOL stored in a REAL",
             "a duration compared with a number", "a number as a timer's preset",
-            "BOOLs ordered", "a runaway expression"}
+            "BOOLs ordered", "a runaway expression", "tabs between operands",
+            "a continuation line indented past 12 blanks"}
 
 
 @pytest.mark.parametrize(("body", "why"), [
@@ -172,6 +178,9 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
     ("bValve := NOT bValve = 1;", "a BOOL in arithmetic"),
     ("bValve := bValve > bDrainOpen;", "BOOLs ordered"),
     ("bValve := bDrainOpen" + " AND bDrainOpen" * 6 + ";", "a runaway expression"),
+    ("bValve := bDrainOpen \t\t\t\t\t\t\t\tAND bValve;", "tabs between operands"),
+    ("bValve := bDrainOpen\n" + "\t" * 20 + "AND bValve;",
+     "a continuation line indented past 12 blanks"),
 ])
 def test_broken_bodies_cannot_be_generated(
         tokenizer: llguidance.LLTokenizer, body: str, why: str) -> None:
