@@ -17,7 +17,9 @@ so two classes of refusal cannot be generated any more:
   assigned; arrays are indexed, FB instances are called, not used as values.
 - types: expressions are typed by class (BOOL, number, duration, string): a condition, a
   BOOL target and an FB's BOOL input (``IN``, ``CLK``, ``CU``) take a BOOL expression,
-  ``PT`` a duration, a REAL or INT target a number; BOOLs are compared only for equality.
+  ``PT`` a duration, a REAL or INT target a number; BOOLs are compared only for equality;
+  a conversion takes its source's class (``TIME_TO_REAL`` a duration), a string function
+  its strings and positions where IEC 61131-3 puts them (``MID(IN, L, P)``).
   A comparison of numbers has a live side (a variable that is not a setpoint, an FB's
   member, a function): two setpoints or a setpoint and a literal compared
   (``rOn >= rOff``) are a constant, never what the request asked. What the execution
@@ -122,27 +124,32 @@ anyexpr: bexpr | nexpr | texpr | sexpr
 nfunc: nfname sp? "(" sp? nargs sp? ")" | minmax sp? "(" sp? nargs sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? nexpr sp? "," sp? nexpr sp? ")"
     | "MUX" sp? "(" sp? nexpr (sp? "," sp? nexpr)+ sp? ")"
-    | sfname_n sp? "(" sp? sexpr (sp? "," sp? sexpr)* sp? ")"
-    | CONV_N sp? "(" sp? anyexpr sp? ")"
+    | "LEN" sp? "(" sp? sexpr sp? ")" | "FIND" sp? "(" sp? sexpr sp? "," sp? sexpr sp? ")"
+    | nconv
 tfunc: minmax sp? "(" sp? targs sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? texpr sp? "," sp? texpr sp? ")"
     | tfname sp? "(" sp? texpr sp? "," sp? texpr sp? ")"
-    | tscale sp? "(" sp? texpr sp? "," sp? nexpr sp? ")" | CONV_T sp? "(" sp? anyexpr sp? ")"
+    | tscale sp? "(" sp? texpr sp? "," sp? nexpr sp? ")" | tconv
 bfunc: bcmp sp? "(" sp? nargs sp? ")" | blogic sp? "(" sp? bexpr (sp? "," sp? bexpr)* sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? bexpr sp? "," sp? bexpr sp? ")"
-    | CONV_B sp? "(" sp? anyexpr sp? ")"
-sfunc: sfname sp? "(" sp? (sexpr | nexpr) (sp? "," sp? (sexpr | nexpr))* sp? ")"
-    | CONV_S sp? "(" sp? anyexpr sp? ")"
+    | bconv
+sfunc: sfname1 sp? "(" sp? sexpr sp? "," sp? nexpr sp? ")"
+    | sfname2 sp? "(" sp? sexpr sp? "," sp? nexpr sp? "," sp? nexpr sp? ")"
+    | "CONCAT" sp? "(" sp? sexpr (sp? "," sp? sexpr)+ sp? ")"
+    | "INSERT" sp? "(" sp? sexpr sp? "," sp? sexpr sp? "," sp? nexpr sp? ")"
+    | "REPLACE" sp? "(" sp? sexpr sp? "," sp? sexpr sp? "," sp? nexpr sp? "," sp? nexpr sp? ")"
+    | sconv
 nfname: "ABS" | "SQRT" | "LN" | "LOG" | "EXP" | "SIN" | "COS" | "TAN" | "ASIN" | "ACOS"
     | "ATAN" | "ATAN2" | "EXPT" | "ADD" | "SUB" | "MUL" | "DIV" | "MOD" | "MOVE" | "TRUNC"
     | "ROUND" | "SHL" | "SHR" | "ROL" | "ROR"
 minmax: "MAX" | "MIN" | "LIMIT"
-sfname_n: "LEN" | "FIND"
 tfname: "ADD_TIME" | "SUB_TIME"
 tscale: "MUL_TIME" | "DIV_TIME"
 bcmp: "GT" | "GE" | "EQ" | "LE" | "LT" | "NE"
 blogic: "AND" | "OR" | "XOR" | "NOT"
-sfname: "LEFT" | "RIGHT" | "MID" | "CONCAT" | "INSERT" | "DELETE" | "REPLACE"
+# the string functions by their arguments (IEC 61131-3 Table 29): LEFT(IN, L), MID(IN, L, P)
+sfname1: "LEFT" | "RIGHT"
+sfname2: "MID" | "DELETE"
 """
 
 
@@ -199,13 +206,27 @@ def _fb_kind(type_text: str) -> str:
     return kind
 
 
-def _conversions(kind: str) -> str:
-    """The conversion functions whose result is of class ``kind``."""
-    types = "|".join(sorted(CONVERSION_TYPES, key=lambda t: (-len(t), t)))
-    dst = "|".join(sorted((t for t in CONVERSION_TYPES if kind_of(t) == kind),
-                          key=lambda t: (-len(t), t)))
-    return (f"/(?:(?:{types})_TO_(?:{dst})|TO_(?:{dst})"
-            + (f"|(?:(?:{types})_)?TRUNC_(?:{dst})" if kind == "n" else "") + ")/")
+def _types_of(kind: str) -> str:
+    return "|".join(sorted((t for t in CONVERSION_TYPES if kind_of(t) == kind),
+                           key=lambda t: (-len(t), t)))
+
+
+def _conversions(kind: str) -> list[str]:
+    """The rules of the conversion functions whose result is of class ``kind``, each
+    taking an argument of its source's class: ``TIME_TO_REAL`` a duration,
+    ``BOOL_TO_INT`` a BOOL, ``TRUNC`` and ``REAL_TRUNC_INT`` a number; only the overloaded
+    ``TO_INT`` takes any class. (A conversion that took anything let a model nest
+    ``TIME_TO_REAL(5 * TIME_TO_REAL(...))`` until the answer ran out.)"""
+    dst, up = _types_of(kind), kind.upper()
+    arg = {"b": "bexpr", "n": "nexpr", "t": "texpr", "s": "sexpr"}
+    rules = [f"CONV_{up}_ANY: /TO_(?:{dst})/"]
+    calls = [f'CONV_{up}_ANY sp? "(" sp? anyexpr sp? ")"']
+    for src in KINDS:
+        rules.append(f"CONV_{up}_{src.upper()}: /(?:{_types_of(src)})_TO_(?:{dst})"
+                     + (f"|(?:(?:REAL|LREAL)_)?TRUNC_(?:{dst})" if src == kind == "n" else "")
+                     + "/")
+        calls.append(f'CONV_{up}_{src.upper()} sp? "(" sp? {arg[src]} sp? ")"')
+    return [*rules, f"{kind}conv: " + " | ".join(calls)]
 
 
 def _is_integer_like(type_text: str) -> bool:
@@ -341,7 +362,7 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
              'TAIL: "\\""',
              "tail: " + " ".join(_member(*m) for m in after) + ' "}"',
              *_number_rule(numbers),
-             *(f"CONV_{k.upper()}: {_conversions(k)}" for k in KINDS)]
+             *(rule for k in KINDS for rule in _conversions(k))]
     if consts:
         rules.append(f"nfix: {_alt(consts)}")
     for k in KINDS:

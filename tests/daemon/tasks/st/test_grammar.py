@@ -132,6 +132,11 @@ def test_every_corpus_answer_is_accepted_from_its_own_declarations(
     "\n        PT          := T#5s,\n        Q           => bValve);",
     "IF rLevel > 80.0\n\t\tAND NOT bDrainOpen\n\t\tOR bValve THEN\n\tbValve := TRUE;\n"
     "END_IF;",
+    # conversions from their source's class; the overloaded TO_ from any; string functions
+    "aLog[0] := TIME_TO_REAL(tmrFill.ET) / 1000.0 + BOOL_TO_REAL(bValve);\n"
+    "i := REAL_TO_INT(rLevel) + TRUNC(rLevel) + TO_INT(tmrFill.ET) + LEN(INT_TO_STRING(i));",
+    "tmrFill(IN := bValve, PT := INT_TO_TIME(i * 1000));\n"
+    "bValve := LEFT(CONCAT('a', INT_TO_STRING(i)), 1) = 'a' AND FIND('ab', 'b') = 2;",
 ])
 def test_valid_bodies_pass_the_grammar_and_the_validators(
         tokenizer: llguidance.LLTokenizer, body: str) -> None:
@@ -147,7 +152,9 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
             "a number as a condition", "a BOOL in arithmetic", "a BOOL stored in a REAL",
             "a duration compared with a number", "a number as a timer's preset",
             "BOOLs ordered", "a runaway expression", "tabs between operands",
-            "a continuation line indented past 12 blanks"}
+            "a continuation line indented past 12 blanks", "a BOOL converted as a TIME",
+            "a number converted as a TIME", "a number where a string goes",
+            "a REAL converted as a string"}
 
 
 @pytest.mark.parametrize(("body", "why"), [
@@ -181,6 +188,10 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
     ("bValve := bDrainOpen \t\t\t\t\t\t\t\tAND bValve;", "tabs between operands"),
     ("bValve := bDrainOpen\n" + "\t" * 20 + "AND bValve;",
      "a continuation line indented past 12 blanks"),
+    ("aLog[0] := TIME_TO_REAL(bValve);", "a BOOL converted as a TIME"),
+    ("aLog[0] := TIME_TO_REAL(5 * 2);", "a number converted as a TIME"),
+    ("i := LEN(INSERT(rLevel / 100.0));", "a number where a string goes"),
+    ("i := STRING_TO_INT(rLevel);", "a REAL converted as a string"),
 ])
 def test_broken_bodies_cannot_be_generated(
         tokenizer: llguidance.LLTokenizer, body: str, why: str) -> None:
