@@ -61,7 +61,8 @@ NAME_MARK = '"name":"'
 Member = tuple[str, Mapping[str, Any], bool]
 
 # whitespace, JSON-escaped: spaces, \n, \t. Comments (// with its line's end, (* ... *)
-# on one line, both bounded) only between statements: a comment left open would let anything
+# on one line, both bounded, runs of stars too) only between statements: a comment left
+# open would let anything
 # through to the end of the answer. Separate lexemes: one regex for both would keep "/"
 # and "(" open as a comment's start after a space, and the lexer cannot step back there.
 # between statements (``gap``) at most one line break and 24 blanks a lexeme, four lexemes:
@@ -75,7 +76,7 @@ _SPACE = f"/{_BLANKS}|{_BREAK % 24}/"
 _INLINE = f"/[ ]{{1,4}}|\\\\t|{_BREAK % 12}/"
 _ALIGN = f"/{_BLANKS}|{_BREAK % 12}/"
 _COMMENT = (r'/\/\/[^\\"\x00-\x1f]{0,160}\\n'
-            r'|\(\*(?:[^*\\"\x00-\x1f]|\*+[^*)\\"\x00-\x1f]){0,160}\*+\)/')
+            r'|\(\*(?:[^*\\"\x00-\x1f]|\*{1,8}[^*)\\"\x00-\x1f]){0,160}\*{1,8}\)/')
 _UNIT = r"[0-9]+(?:\.[0-9]+)?(?:ms|us|ns|MS|US|NS|d|h|m|s|D|H|M|S)"
 _DURATION = rf"(?:{_UNIT})+"   # no "_" between units: the checker's parser refuses it
 _DIGITS = "[0-9](?:_?[0-9])*"

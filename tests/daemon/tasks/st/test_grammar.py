@@ -154,7 +154,7 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
             "BOOLs ordered", "a runaway expression", "tabs between operands",
             "a continuation line indented past 12 blanks", "a BOOL converted as a TIME",
             "a number converted as a TIME", "a number where a string goes",
-            "a REAL converted as a string"}
+            "a REAL converted as a string", "a comment of a page of stars"}
 
 
 @pytest.mark.parametrize(("body", "why"), [
@@ -192,6 +192,7 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
     ("aLog[0] := TIME_TO_REAL(5 * 2);", "a number converted as a TIME"),
     ("i := LEN(INSERT(rLevel / 100.0));", "a number where a string goes"),
     ("i := STRING_TO_INT(rLevel);", "a REAL converted as a string"),
+    ("bValve := TRUE; (" + "*" * 300 + ")", "a comment of a page of stars"),
 ])
 def test_broken_bodies_cannot_be_generated(
         tokenizer: llguidance.LLTokenizer, body: str, why: str) -> None:
