@@ -15,9 +15,12 @@ so two classes of refusal cannot be generated any more:
   conversion function, or a member the declared instance's standard FB type has
   (``tmr.Q``); FB inputs are passed by name (``IN :=``), outputs read (``Q =>``) and never
   assigned; arrays are indexed, FB instances are called, not used as values.
-- types: expressions are typed by class (BOOL, number, duration, string): a condition, a
-  BOOL target and an FB's BOOL input (``IN``, ``CLK``, ``CU``) take a BOOL expression,
-  ``PT`` a duration, a REAL or INT target a number; BOOLs are compared only for equality;
+- types: expressions are typed by class (BOOL, number, integer, duration, string): a
+  condition, a BOOL target and an FB's BOOL input (``IN``, ``CLK``, ``CU``) take a BOOL
+  expression, ``PT`` a duration, a REAL target a number, an INT target, ``PV``, an index,
+  a ``FOR`` bound and a ``CASE`` selector an integer expression (what the interpreter
+  refused: ``cannot store a REAL in an INT``); BOOLs are compared only for equality,
+  ``NOT`` takes no bare comparison (``NOT x > 5`` reads ``(NOT x) > 5``);
   a conversion takes its source's class (``TIME_TO_REAL`` a duration), a string function
   its strings and positions where IEC 61131-3 puts them (``MID(IN, L, P)``).
   A comparison of numbers has a live side (a variable that is not a setpoint, an FB's
@@ -100,7 +103,7 @@ block: (stmt gap?)*
 if_stmt: "IF" sp bexpr sp "THEN" gap block elsif* else? "END_IF" sp? ";"
 elsif: "ELSIF" sp bexpr sp "THEN" gap block
 else: "ELSE" gap block
-case_stmt: "CASE" sp nexpr sp "OF" gap case_item+ else? "END_CASE" sp? ";"
+case_stmt: "CASE" sp iexpr sp "OF" gap case_item+ else? "END_CASE" sp? ";"
 case_item: case_label (sp? "," sp? case_label)* sp? ":" gap? block
 case_label: INT | "-" INT | RANGE | BASED
 while_stmt: "WHILE" sp bexpr sp "DO" gap block "END_WHILE" sp? ";"
@@ -109,24 +112,45 @@ CMP: /(?:<>|<=|>=|[=<>])/
 ARITH: /(?:\*\*|[-+*\/])/
 boolop: "AND" | "OR" | "XOR"
 bexpr: bunary (sp boolop sp bunary | sp? "&" sp? bunary){{0,5}}
-bunary: batom | "NOT" sp bunary | "NOT" sp? "(" sp? bexpr sp? ")"
-compare: lexpr sp? CMP sp? nexpr | nexpr sp? CMP sp? lexpr | texpr sp? CMP sp? texpr
+# NOT binds tighter than a comparison: ``NOT x > 5`` is ``(NOT x) > 5``, so what NOT takes
+# without parentheses is no comparison
+bunary: batom | "NOT" sp bnot | "NOT" sp? "(" sp? bexpr sp? ")"
+bnot: bprim | "NOT" sp bnot | "NOT" sp? "(" sp? bexpr sp? ")"
+batom: bprim | compare
+cmp: lexpr sp? CMP sp? nexpr | nexpr sp? CMP sp? lexpr | texpr sp? CMP sp? texpr
     | sexpr sp? CMP sp? sexpr
 nexpr: nunary (sp? ARITH sp? nunary | sp "MOD" sp nunary){{0,5}}
 nunary: natom | "-" sp? natom
+IARITH: /[-+*\/]/
+iexpr: iunary (sp? IARITH sp? iunary | sp "MOD" sp iunary){{0,5}}
+iunary: iatom | "-" sp? iatom
+iargs: iexpr (sp? "," sp? iexpr)*
+rexpr: (nunary nop){{0,2}} runary (nop nunary){{0,3}}
+runary: ratom | "-" sp? ratom
+rfunc: rfname sp? "(" sp? nexpr sp? ")" | ("ATAN2" | "EXPT") sp? "(" sp? nargs sp? ")"
+    | "ABS" sp? "(" sp? rexpr sp? ")" | rconv
 nop: sp? ARITH sp? | sp "MOD" sp
 lexpr: (nunary nop){{0,2}} lunary (nop nunary){{0,3}}
 lunary: latom | "-" sp? latom
-texpr: tunary (sp? ARITH sp? (tunary | natom)){{0,3}}
+TSUM: /[-+]/
+TSCALE: /[*\/]/
+texpr: tunary (sp? TSUM sp? tunary | sp? TSCALE sp? natom){{0,3}}
 tunary: tatom | "-" sp? tatom
 nargs: nexpr (sp? "," sp? nexpr)*
 targs: texpr (sp? "," sp? texpr)*
 anyexpr: bexpr | nexpr | texpr | sexpr
 nfunc: nfname sp? "(" sp? nargs sp? ")" | minmax sp? "(" sp? nargs sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? nexpr sp? "," sp? nexpr sp? ")"
-    | "MUX" sp? "(" sp? nexpr (sp? "," sp? nexpr)+ sp? ")"
+    | "MUX" sp? "(" sp? iexpr (sp? "," sp? nexpr)+ sp? ")"
     | "LEN" sp? "(" sp? sexpr sp? ")" | "FIND" sp? "(" sp? sexpr sp? "," sp? sexpr sp? ")"
-    | nconv
+    | ("TRUNC" | "ROUND") sp? "(" sp? rexpr sp? ")" | nconv
+nconv: iconv | rconv
+ifunc: ifname1 sp? "(" sp? iexpr sp? ")" | ifname2 sp? "(" sp? iexpr sp? "," sp? iexpr sp? ")"
+    | ("ADD" | "MUL") sp? "(" sp? iargs sp? ")" | minmax sp? "(" sp? iargs sp? ")"
+    | "SEL" sp? "(" sp? bexpr sp? "," sp? iexpr sp? "," sp? iexpr sp? ")"
+    | "MUX" sp? "(" sp? iexpr (sp? "," sp? iexpr)+ sp? ")"
+    | "LEN" sp? "(" sp? sexpr sp? ")" | "FIND" sp? "(" sp? sexpr sp? "," sp? sexpr sp? ")"
+    | ("TRUNC" | "ROUND") sp? "(" sp? rexpr sp? ")" | iconv
 tfunc: minmax sp? "(" sp? targs sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? texpr sp? "," sp? texpr sp? ")"
     | tfname sp? "(" sp? texpr sp? "," sp? texpr sp? ")"
@@ -134,18 +158,23 @@ tfunc: minmax sp? "(" sp? targs sp? ")"
 bfunc: bcmp sp? "(" sp? nargs sp? ")" | blogic sp? "(" sp? bexpr (sp? "," sp? bexpr)* sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? bexpr sp? "," sp? bexpr sp? ")"
     | bconv
-sfunc: sfname1 sp? "(" sp? sexpr sp? "," sp? nexpr sp? ")"
-    | sfname2 sp? "(" sp? sexpr sp? "," sp? nexpr sp? "," sp? nexpr sp? ")"
+sfunc: sfname1 sp? "(" sp? sexpr sp? "," sp? iexpr sp? ")"
+    | sfname2 sp? "(" sp? sexpr sp? "," sp? iexpr sp? "," sp? iexpr sp? ")"
     | "CONCAT" sp? "(" sp? sexpr (sp? "," sp? sexpr)+ sp? ")"
-    | "INSERT" sp? "(" sp? sexpr sp? "," sp? sexpr sp? "," sp? nexpr sp? ")"
-    | "REPLACE" sp? "(" sp? sexpr sp? "," sp? sexpr sp? "," sp? nexpr sp? "," sp? nexpr sp? ")"
+    | "INSERT" sp? "(" sp? sexpr sp? "," sp? sexpr sp? "," sp? iexpr sp? ")"
+    | "REPLACE" sp? "(" sp? sexpr sp? "," sp? sexpr sp? "," sp? iexpr sp? "," sp? iexpr sp? ")"
     | sconv
 nfname: "ABS" | "SQRT" | "LN" | "LOG" | "EXP" | "SIN" | "COS" | "TAN" | "ASIN" | "ACOS"
-    | "ATAN" | "ATAN2" | "EXPT" | "ADD" | "SUB" | "MUL" | "DIV" | "MOD" | "MOVE" | "TRUNC"
-    | "ROUND" | "SHL" | "SHR" | "ROL" | "ROR"
+    | "ATAN" | "ATAN2" | "EXPT" | "ADD" | "SUB" | "MUL" | "DIV" | "MOD" | "MOVE" | "SHL"
+    | "SHR" | "ROL" | "ROR"
+# the functions whose result is a real number whatever their arguments
+rfname: "SQRT" | "LN" | "LOG" | "EXP" | "SIN" | "COS" | "TAN" | "ASIN" | "ACOS" | "ATAN"
 minmax: "MAX" | "MIN" | "LIMIT"
 tfname: "ADD_TIME" | "SUB_TIME"
 tscale: "MUL_TIME" | "DIV_TIME"
+# the functions whose result is an integer where their arguments are (IEC 61131-3 Tables 22-29)
+ifname1: "ABS" | "MOVE"
+ifname2: "SUB" | "DIV" | "MOD" | "SHL" | "SHR" | "ROL" | "ROR"
 bcmp: "GT" | "GE" | "EQ" | "LE" | "LT" | "NE"
 blogic: "AND" | "OR" | "XOR" | "NOT"
 # the string functions by their arguments (IEC 61131-3 Table 29): LEFT(IN, L), MID(IN, L, P)
@@ -200,38 +229,48 @@ def kind_of(type_text: str) -> str | None:
     return None if array else kind
 
 
-def _fb_kind(type_text: str) -> str:
-    """The class of a standard FB member's type (BOOL, TIME, INT)."""
+def _fb_class(type_text: str) -> str:
+    """The class of a standard FB member's type (BOOL, TIME, an integer: ``_CLASSES``)."""
     kind = kind_of(type_text)
     assert kind is not None, type_text
-    return kind
+    return _class(type_text, kind)
 
 
-def _types_of(kind: str) -> str:
-    return "|".join(sorted((t for t in CONVERSION_TYPES if kind_of(t) == kind),
+# the classes of a conversion's source and result: numbers apart as integers (INT, WORD, ...)
+# and reals, since an integer target refuses a REAL (``cannot store a REAL in an INT``)
+_CONV_CLASSES = ("b", "i", "r", "t", "s")
+_CONV_CLASS_OF = {"bool": "b", "int": "i", "real": "r", "time": "t", "string": "s"}
+_CONV_ARG = {"b": "bexpr", "i": "iexpr", "r": "rexpr", "t": "texpr", "s": "sexpr"}
+
+
+def _conv_class(type_text: str) -> str | None:
+    kind, array = type_kind(type_text)
+    return None if array else _CONV_CLASS_OF.get(kind)
+
+
+def _types_of(cls: str) -> str:
+    return "|".join(sorted((t for t in CONVERSION_TYPES if _conv_class(t) == cls),
                            key=lambda t: (-len(t), t)))
 
 
-def _conversions(kind: str) -> list[str]:
-    """The rules of the conversion functions whose result is of class ``kind``, each
-    taking an argument of its source's class: ``TIME_TO_REAL`` a duration,
-    ``BOOL_TO_INT`` a BOOL, ``TRUNC`` and ``REAL_TRUNC_INT`` a number; only the overloaded
+def _conversions() -> list[str]:
+    """The rules of the conversion functions (``{cls}conv`` by the class of the result:
+    BOOL, integer, real, duration, string), each taking an argument of its source's class:
+    ``TIME_TO_REAL`` a duration, ``BOOL_TO_INT`` a BOOL, ``INT_TO_TIME`` an integer,
+    ``REAL_TO_INT`` and ``TRUNC_DINT`` a real expression (``rexpr``); only the overloaded
     ``TO_INT`` takes any class. (A conversion that took anything let a model nest
     ``TIME_TO_REAL(5 * TIME_TO_REAL(...))`` until the answer ran out.)"""
-    dst, up = _types_of(kind), kind.upper()
-    arg = {"b": "bexpr", "n": "nexpr", "t": "texpr", "s": "sexpr"}
-    rules = [f"CONV_{up}_ANY: /TO_(?:{dst})/"]
-    calls = [f'CONV_{up}_ANY sp? "(" sp? anyexpr sp? ")"']
-    for src in KINDS:
-        rules.append(f"CONV_{up}_{src.upper()}: /(?:{_types_of(src)})_TO_(?:{dst})"
-                     + (f"|(?:(?:REAL|LREAL)_)?TRUNC_(?:{dst})" if src == kind == "n" else "")
-                     + "/")
-        calls.append(f'CONV_{up}_{src.upper()} sp? "(" sp? {arg[src]} sp? ")"')
-    return [*rules, f"{kind}conv: " + " | ".join(calls)]
-
-
-def _is_integer_like(type_text: str) -> bool:
-    return type_text.upper() in INTEGER_TYPES
+    out = []
+    for dst in _CONV_CLASSES:
+        up, dsts = dst.upper(), _types_of(dst)
+        rules = [f"CONV_{up}_ANY: /TO_(?:{dsts})/"]
+        calls = [f'CONV_{up}_ANY sp? "(" sp? anyexpr sp? ")"']
+        for src in _CONV_CLASSES:
+            trunc = f"|(?:(?:REAL|LREAL)_)?TRUNC_(?:{dsts})" if (src, dst) == ("r", "i") else ""
+            rules.append(f"CONV_{up}_{src.upper()}: /(?:{_types_of(src)})_TO_(?:{dsts}){trunc}/")
+            calls.append(f'CONV_{up}_{src.upper()} sp? "(" sp? {_CONV_ARG[src]} sp? ")"')
+        out += [*rules, f"{dst}conv: " + " | ".join(calls)]
+    return out
 
 
 # the scalar types an initial value is written for, by the class of literal each takes
@@ -298,9 +337,26 @@ def typed_item(item: Mapping[str, Any], numbers: Sequence[str] | None = None
 
 
 def _number_rule(numbers: Sequence[str] | None) -> list[str]:
+    """``number``, any numeric literal, and ``inum``, an integer one (absent where the
+    request states none and ``SMALL`` is not offered)."""
     if numbers is None:
-        return ["number: INT | BASED | REAL"]
-    return [f"NUMBER: {_alt(sorted(numbers, key=len, reverse=True))}", "number: NUMBER"]
+        return ["number: INT | BASED | REAL", "inum: INT | BASED"]
+    rules = [f"NUMBER: {_alt(sorted(numbers, key=len, reverse=True))}", "number: NUMBER"]
+    whole = [n for n in numbers if n.isdigit()]
+    if whole:
+        rules += [f"NUMBER_I: {_alt(sorted(whole, key=len, reverse=True))}", "inum: NUMBER_I"]
+    return rules
+
+
+# the classes a body's expressions are typed by: BOOL, real numbers ("n": a REAL target
+# takes any number, so a number expression "nexpr" reads integers too), integers and bit
+# strings ("i": an INT target takes only an integer expression), durations, strings
+_CLASSES = ("b", "n", "i", "t", "s")
+_EXPR = {"b": "bexpr", "n": "nexpr", "i": "iexpr", "t": "texpr", "s": "sexpr"}
+
+
+def _class(type_text: str, kind: str) -> str:
+    return "i" if kind == "n" and type_kind(type_text)[0] == "int" else kind
 
 
 def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = (),
@@ -311,19 +367,19 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
     properties the schema puts after the body (``after``: key, schema, required; compact
     JSON, in order) and the brace. None when the declarations cannot carry a grammar (no
     usable name: the validators will say why). A VAR_INPUT is read, never assigned.
-    Expressions are typed by class (``KINDS``): a condition, an FB's BOOL input and a BOOL
-    target take a BOOL expression (a comparison of two numbers or two durations, a BOOL
-    variable or member, ``NOT``/``AND``/``OR``), a REAL or INT target a number, a TIME
-    target or ``PT`` a duration; a timer's ``IN`` is never a REAL.
-    ``numbers``: the only numeric literals the body may write (the request's stated
+    Expressions are typed by class (``_CLASSES``): a condition, an FB's BOOL input and a
+    BOOL target take a BOOL expression (a comparison of two numbers or two durations, a
+    BOOL variable or member, ``NOT``/``AND``/``OR``), a REAL target a number, an INT target,
+    an FB's INT input (``PV``), an array index, a ``FOR`` bound and a ``CASE`` selector an
+    integer expression, a TIME target or ``PT`` a duration; a timer's ``IN`` is never a
+    REAL. ``numbers``: the only numeric literals the body may write (the request's stated
     values, ``request.literals``); None: any. ``fixed``: variables read, never assigned
     (the setpoints code declared from the request's values)."""
     fixed_upper = {f.upper() for f in fixed}
-    var: dict[str, list[str]] = {k: [] for k in KINDS}        # read as values
-    writable: dict[str, list[str]] = {k: [] for k in KINDS}   # ... and assigned
-    arrays: dict[str, list[str]] = {k: [] for k in KINDS}
-    integers: list[str] = []   # FOR loop counters
-    consts: list[str] = []     # the numeric setpoints (``fixed``)
+    var: dict[str, list[str]] = {k: [] for k in _CLASSES}        # read as values
+    writable: dict[str, list[str]] = {k: [] for k in _CLASSES}   # ... and assigned
+    arrays: dict[str, list[str]] = {k: [] for k in _CLASSES}
+    consts: dict[str, list[str]] = {"n": [], "i": []}   # the numeric setpoints (``fixed``)
     instances: dict[str, list[str]] = {}   # standard FB type -> its declared instances
     seen: set[str] = set()
     for v in pou.get("variables") or []:
@@ -338,35 +394,32 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         kind, array = typed(vtype)
         if kind is None:
             continue   # a type the grammar does not type: the body cannot use it
+        cls = _class(vtype, kind)
         if array:
-            arrays[kind].append(name)
+            arrays[cls].append(name)
             continue
         if kind == "n" and name.upper() in fixed_upper:
-            consts.append(name)   # a setpoint: a value, never compared with a constant
+            consts[cls].append(name)   # a setpoint: a value, never compared with a constant
             continue
-        var[kind].append(name)
+        var[cls].append(name)
         if v.get("section") != "VAR_INPUT" and name.upper() not in fixed_upper:
-            writable[kind].append(name)
-            if _is_integer_like(vtype):
-                integers.append(name)
+            writable[cls].append(name)
     pou_name = str(pou.get("name", ""))
-    ret = kind_of(str(pou.get("return_type", "")))
+    ret_type = str(pou.get("return_type", ""))
+    ret = kind_of(ret_type)
     if (str(pou.get("pou_type", "")).upper() == "FUNCTION" and pou_name.upper() not in seen
             and ret is not None):
-        var[ret].append(pou_name)
-        writable[ret].append(pou_name)
-    values: dict[str, list[str]] = {k: [] for k in KINDS}
-    targets: dict[str, list[str]] = {k: [] for k in KINDS}
+        var[_class(ret_type, ret)].append(pou_name)
+        writable[_class(ret_type, ret)].append(pou_name)
+    values: dict[str, list[str]] = {k: [] for k in _CLASSES}
+    targets: dict[str, list[str]] = {k: [] for k in _CLASSES}
     # at least one statement: the schema's non-empty body, and no POU answers with none
     rules = ["start: HEAD gap? stmt gap? block TAIL tail",
              f"HEAD: {_lit(head)}",
              'TAIL: "\\""',
              "tail: " + " ".join(_member(*m) for m in after) + ' "}"',
-             *_number_rule(numbers),
-             *(rule for k in KINDS for rule in _conversions(k))]
-    if consts:
-        rules.append(f"nfix: {_alt(consts)}")
-    for k in KINDS:
+             *_number_rule(numbers), *_conversions()]
+    for k in _CLASSES:
         if var[k]:
             rules.append(f"{k}var: {_alt(var[k])}")
             values[k].append(f"{k}var")
@@ -375,65 +428,90 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
             targets[k].append(f"{k}w")
         if arrays[k]:
             rules.append(f"{k}arr: {_alt(arrays[k])}")
-            values[k].append(f'{k}arr sp? "[" sp? nexpr sp? "]"')
-            targets[k].append(f'{k}arr sp? "[" sp? nexpr sp? "]"')
+            values[k].append(f'{k}arr sp? "[" sp? iexpr sp? "]"')
+            targets[k].append(f'{k}arr sp? "[" sp? iexpr sp? "]"')
     calls = []
     for fb, names in sorted(instances.items()):
         key = fb.lower()
-        members: dict[str, list[str]] = {k: [] for k in KINDS}
-        ins: dict[str, list[str]] = {k: [] for k in KINDS}
+        members: dict[str, list[str]] = {k: [] for k in _CLASSES}
+        ins: dict[str, list[str]] = {k: [] for k in _CLASSES}
         for m, t in FB_INPUTS[fb].items():
-            members[_fb_kind(t)].append(m)
-            ins[_fb_kind(t)].append(m)
+            members[_fb_class(t)].append(m)
+            ins[_fb_class(t)].append(m)
         for m, t in FB_OUTPUTS[fb].items():
-            members[_fb_kind(t)].append(m)
+            members[_fb_class(t)].append(m)
         rules.append(f"inst_{key}: {_alt(names)}")
-        for k in KINDS:
+        for k in _CLASSES:
             if members[k]:
                 values[k].append(f'inst_{key} "." ({_alt(members[k])})')
             if ins[k]:
                 targets[k].append(f'inst_{key} "." ({_alt(ins[k])})')
         calls.append((key, fb))
-    expr = {"b": "bexpr", "n": "nexpr", "t": "texpr", "s": "sexpr"}
-    for k in KINDS:
+    reals = bool(values["n"])
+    if reals:
+        rules.append(f"rvalue: {' | '.join(values['n'])}")
+    if values["i"]:
+        values["n"].append("ivalue")   # a number reads integers too
+    for k in _CLASSES:
         if values[k]:
             rules.append(f"{k}value: {' | '.join(values[k])}")
         if targets[k]:
             rules.append(f"{k}target: {' | '.join(targets[k])}")
+    # where an output goes: its own class, or a REAL where it is an integer (CV => rCount)
+    stores = {k: [f"{k}target"] if targets[k] else [] for k in _CLASSES}
+    stores["i"] += stores["n"]
     for key, fb in calls:
-        args = [f'{_lit(m)} asp? ":=" sp? {expr[_fb_kind(t)]}' for m, t in FB_INPUTS[fb].items()]
-        args += [f'{_lit(m)} asp? "=>" sp? {_fb_kind(t)}target'
-                 for m, t in FB_OUTPUTS[fb].items() if targets[_fb_kind(t)]]
+        args = [f'{_lit(m)} asp? ":=" sp? {_EXPR[_fb_class(t)]}'
+                for m, t in FB_INPUTS[fb].items()]
+        args += [f'{_lit(m)} asp? "=>" sp? ({" | ".join(stores[_fb_class(t)])})'
+                 for m, t in FB_OUTPUTS[fb].items() if stores[_fb_class(t)]]
         rules += [f"arg_{key}: {' | '.join(args)}",
                   f'call_{key}: inst_{key} sp? "(" sp? (arg_{key} (sp? "," sp? arg_{key})*)? '
                   'sp? ")"']
-    if not any(values.values()) and not consts:
+    if not any(values.values()) and not any(consts.values()):
         return None
+    if consts["i"]:
+        rules.append(f"ifix: {_alt(consts['i'])}")
+    if consts["n"]:
+        rules.append(f"rfix: {_alt(consts['n'])}")
+    if consts["n"] or consts["i"]:
+        rules.append("nfix: " + " | ".join(
+            (["rfix"] if consts["n"] else []) + (["ifix"] if consts["i"] else [])))
     bval = " | bvalue" if values["b"] else ""
     rules += [
-        f'batom: "TRUE" | "FALSE" | "(" sp? bexpr sp? ")" | compare | bfunc{bval}'
-        + (' | bvalue sp? ("=" | "<>") sp? (bvalue | "TRUE" | "FALSE")' if values["b"] else ""),
+        f'bprim: "TRUE" | "FALSE" | "(" sp? bexpr sp? ")" | bfunc{bval}',
+        "compare: cmp" + (' | bvalue sp? ("=" | "<>") sp? (bvalue | "TRUE" | "FALSE")'
+                          if values["b"] else ""),
         'natom: number | "(" sp? nexpr sp? ")" | nfunc' + (" | nvalue" if values["n"] else "")
-        + (" | nfix" if consts else ""),
+        + (" | nfix" if consts["n"] or consts["i"] else ""),
+        'iatom: "(" sp? iexpr sp? ")" | ifunc' + (" | inum" if _has_inum(numbers) else "")
+        + (" | ivalue" if values["i"] else "") + (" | ifix" if consts["i"] else ""),
         'latom: "(" sp? lexpr sp? ")" | nfunc' + (" | nvalue" if values["n"] else ""),
+        # a real expression: one whose operands include a real (REAL_TO_INT, ROUND take one)
+        'ratom: "(" sp? rexpr sp? ")" | rfunc' + "".join(
+            f" | {r}" for r, here in (("rvalue", reals), ("rfix", consts["n"])) if here),
         'tatom: TIME | "(" sp? texpr sp? ")" | tfunc' + (" | tvalue" if values["t"] else ""),
         "sexpr: STRING | sfunc" + (" | svalue" if values["s"] else "")]
     statements = ["if_stmt", "case_stmt", "while_stmt", "repeat_stmt",
                   '"RETURN" sp? ";"', '"EXIT" sp? ";"']
-    assigns = [f'{k}target asp? ":=" sp? {expr[k]} sp? ";"' for k in KINDS if targets[k]]
+    assigns = [f'{k}target asp? ":=" sp? {_EXPR[k]} sp? ";"' for k in _CLASSES if targets[k]]
     if assigns:
         rules.append(f"assign: {' | '.join(assigns)}")
         statements.insert(0, "assign")
-    if integers:
-        rules += [f"counter: {_alt(integers)}",
-                  'for_stmt: "FOR" sp counter asp? ":=" sp? nexpr sp "TO" sp nexpr '
-                  '(sp "BY" sp nexpr)? sp "DO" gap block "END_FOR" sp? ";"']
+    if writable["i"]:
+        rules += [f"counter: {_alt(writable['i'])}",
+                  'for_stmt: "FOR" sp counter asp? ":=" sp? iexpr sp "TO" sp iexpr '
+                  '(sp "BY" sp iexpr)? sp "DO" gap block "END_FOR" sp? ";"']
         statements.append("for_stmt")
     if calls:
         rules.append("call: " + " | ".join(f"call_{key}" for key, _ in calls))
         statements.append('call sp? ";"')
     rules.append(f"stmt: {' | '.join(statements)}")
     return _FIXED + "\n".join(rules) + "\n"
+
+
+def _has_inum(numbers: Sequence[str] | None) -> bool:
+    return numbers is None or any(n.isdigit() for n in numbers)
 
 
 def naming(text: str) -> tuple[str, list[str]] | None:

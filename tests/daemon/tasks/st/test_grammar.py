@@ -14,12 +14,14 @@ import jsonschema
 import llguidance
 import numpy as np
 import pytest
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from rung.daemon.tasks.names import NameGuard
 from rung.daemon.tasks.runner import TaskRunner
 from rung.daemon.tasks.shaping import compact
 from rung.daemon.tasks.st import grammar as st_grammar
 from rung.daemon.tasks.st import request as st_request
+from rung.daemon.tasks.st.interpreter import Program, StExecError
 from rung.daemon.tasks.st.pou import validate_pou
 from rung.daemon.tasks.task import load_tasks
 from rung.engines import load_engine
@@ -137,6 +139,12 @@ def test_every_corpus_answer_is_accepted_from_its_own_declarations(
     "i := REAL_TO_INT(rLevel) + TRUNC(rLevel) + TO_INT(tmrFill.ET) + LEN(INT_TO_STRING(i));",
     "tmrFill(IN := bValve, PT := INT_TO_TIME(i * 1000));\n"
     "bValve := LEFT(CONCAT('a', INT_TO_STRING(i)), 1) = 'a' AND FIND('ab', 'b') = 2;",
+    # integers apart: a REAL takes an integer, an INT an integer expression; durations add
+    # durations and scale by numbers
+    "aLog[i + 1] := i;\ni := ROUND(rLevel) MOD 2 + ABS(i - 3) + MAX(i, 0) + TRUNC_INT(rLevel);",
+    "tmrFill(IN := bValve, PT := T#5s + tmrFill.ET * 2 - T#1s);\n"
+    "tmrFill(IN := bValve, PT := tmrFill.ET / 2.0);",
+    "bValve := NOT (i > 5) AND NOT NOT bDrainOpen OR NOT(rLevel < 1.0) AND i > 2;",
 ])
 def test_valid_bodies_pass_the_grammar_and_the_validators(
         tokenizer: llguidance.LLTokenizer, body: str) -> None:
@@ -154,7 +162,11 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
             "BOOLs ordered", "a runaway expression", "tabs between operands",
             "a continuation line indented past 12 blanks", "a BOOL converted as a TIME",
             "a number converted as a TIME", "a number where a string goes",
-            "a REAL converted as a string", "a comment of a page of stars"}
+            "a REAL converted as a string", "a comment of a page of stars",
+            "a REAL stored in an INT", "a REAL as an index", "a REAL as a loop bound",
+            "a REAL as a CASE selector", "a REAL converted as an integer",
+            "durations multiplied", "a number added to a duration",
+            "NOT before a comparison"}
 
 
 @pytest.mark.parametrize(("body", "why"), [
@@ -193,6 +205,17 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
     ("i := LEN(INSERT(rLevel / 100.0));", "a number where a string goes"),
     ("i := STRING_TO_INT(rLevel);", "a REAL converted as a string"),
     ("bValve := TRUE; (" + "*" * 300 + ")", "a comment of a page of stars"),
+    ("i := rLevel / 2.0;", "a REAL stored in an INT"),
+    ("i := i + INT_TO_REAL(i);", "a REAL stored in an INT"),
+    ("aLog[rLevel] := 1.0;", "a REAL as an index"),
+    ("FOR i := 0 TO rLevel DO aLog[i] := 0.0; END_FOR;", "a REAL as a loop bound"),
+    ("CASE rLevel OF 1: bValve := TRUE; END_CASE;", "a REAL as a CASE selector"),
+    ("tmrFill(IN := bValve, PT := INT_TO_TIME(rLevel));", "a REAL converted as an integer"),
+    ("tmrFill(IN := bValve, PT := tmrFill.ET * T#2s);", "durations multiplied"),
+    ("tmrFill(IN := bValve, PT := tmrFill.ET + 5);", "a number added to a duration"),
+    # IEC reads it (NOT i) > 5, a bit-wise NOT of the number: never what was meant
+    ("bValve := NOT i > 5;", "NOT before a comparison"),
+    ("bValve := NOT NOT rLevel > 80.0;", "NOT before a comparison"),
 ])
 def test_broken_bodies_cannot_be_generated(
         tokenizer: llguidance.LLTokenizer, body: str, why: str) -> None:
@@ -207,6 +230,48 @@ def test_a_function_assigns_its_own_name(tokenizer: llguidance.LLTokenizer) -> N
     assert _accepts(tokenizer, _body_grammar(fn), _with_body("FC_Clamp := x * 2.0;", fn))
     fb = dict(fn, pou_type="FUNCTION_BLOCK")
     assert not _accepts(tokenizer, _body_grammar(fb), _with_body("FC_Clamp := x;", fb))
+
+
+def test_what_the_grammar_writes_is_stored_as_declared(
+        tokenizer: llguidance.LLTokenizer) -> None:
+    """Random bodies over INT, REAL, TIME and counter declarations compile in the
+    interpreter without a store it refuses (``cannot store a REAL in an INT``, a REAL
+    index, a REAL into ``PV``): the grammar keeps integers apart from reals."""
+    pou = {**POU, "variables": [*POU["variables"],
+                                {"section": "VAR_INPUT", "name": "iLimit", "type": "INT"},
+                                {"section": "VAR", "name": "ctuBatch", "type": "CTU"},
+                                {"section": "VAR", "name": "wStatus", "type": "WORD"}]}
+    grammar = _body_grammar(pou)
+    texts = [tokenizer.decode_str([t]) for t in range(tokenizer.vocab_size)]
+    ends = np.array([any(c in x for c in ';")') for x in texts])
+    bits = allocate_token_bitmask(1, tokenizer.vocab_size)
+    head = _with_body("", pou)[:-2]
+    closed, refused = 0, []
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        m = llguidance.LLMatcher(tokenizer, llguidance.grammar_from("lark", grammar.text))
+        start = tokenizer.tokenize_str(head)
+        assert m.try_consume_tokens(start) == len(start)
+        written: list[int] = []
+        while not m.is_accepting() and len(written) < 300:
+            fill_next_token_bitmask(m, bits, 0)
+            allowed = np.flatnonzero(np.unpackbits(bits[0].view(np.uint8),
+                                                   bitorder="little")[:tokenizer.vocab_size])
+            lean = allowed[ends[allowed]]
+            token = int(rng.choice(lean if len(lean) and rng.random() < 0.5 else allowed))
+            assert m.consume_token(token)
+            written.append(token)
+        if not m.is_accepting():
+            continue
+        closed += 1
+        answer = json.loads(head + tokenizer.decode_str(written))
+        try:
+            Program(answer)
+        except StExecError as e:
+            if re.search(r"cannot store|converts|truncates|ROUND needs|K must be", str(e)):
+                refused.append(f"{e}: {answer['body']}")
+    assert closed >= 15
+    assert not refused, refused
 
 
 @pytest.fixture(scope="module")

@@ -138,11 +138,11 @@ def test_the_interface_a_request_states_is_written_by_code() -> None:
     assert grammar is not None
     assert isinstance(grammar, Lark)
     rules = grammar.text
-    numbers = next(r for r in rules.splitlines() if r.startswith("nvar:"))
-    setpoints = next(r for r in rules.splitlines() if r.startswith("nfix:"))
-    assert '"rOpenBelow"' in setpoints and '"iBatch"' in numbers
+    integers = next(r for r in rules.splitlines() if r.startswith("ivar:"))
+    setpoints = next(r for r in rules.splitlines() if r.startswith("rfix:"))
+    assert '"rOpenBelow"' in setpoints and '"iBatch"' in integers
     # no number may be assigned: the setpoints are fixed, the others inputs
-    assert not any(r.startswith("nw:") for r in rules.splitlines())
+    assert not any(r.startswith(("nw:", "iw:")) for r in rules.splitlines())
     bools = next(r for r in rules.splitlines() if r.startswith("bw:"))
     assert '"bValve"' in bools and '"bDrainOpen"' not in bools
     # a FUNCTION's return type comes before its variables: the model writes it all
