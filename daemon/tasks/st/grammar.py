@@ -239,13 +239,13 @@ def _fb_class(type_text: str) -> str:
 # the classes of a conversion's source and result: numbers apart as integers (INT, WORD, ...)
 # and reals, since an integer target refuses a REAL (``cannot store a REAL in an INT``)
 _CONV_CLASSES = ("b", "i", "r", "t", "s")
-_CONV_CLASS_OF = {"bool": "b", "int": "i", "real": "r", "time": "t", "string": "s"}
 _CONV_ARG = {"b": "bexpr", "i": "iexpr", "r": "rexpr", "t": "texpr", "s": "sexpr"}
 
 
 def _conv_class(type_text: str) -> str | None:
-    kind, array = type_kind(type_text)
-    return None if array else _CONV_CLASS_OF.get(kind)
+    """A scalar type's class as conversions name it (``_CONV_CLASSES``: a real is "r")."""
+    kind = kind_of(type_text)
+    return None if kind is None else {"n": "r"}.get(k := _class(type_text, kind), k)
 
 
 def _types_of(cls: str) -> str:
@@ -338,13 +338,13 @@ def typed_item(item: Mapping[str, Any], numbers: Sequence[str] | None = None
 
 def _number_rule(numbers: Sequence[str] | None) -> list[str]:
     """``number``, any numeric literal, and ``inum``, an integer one (absent where the
-    request states none and ``SMALL`` is not offered)."""
+    request states none and ``SMALL`` is not offered: ``_has_inum``)."""
     if numbers is None:
         return ["number: INT | BASED | REAL", "inum: INT | BASED"]
     rules = [f"NUMBER: {_alt(sorted(numbers, key=len, reverse=True))}", "number: NUMBER"]
-    whole = [n for n in numbers if n.isdigit()]
-    if whole:
-        rules += [f"NUMBER_I: {_alt(sorted(whole, key=len, reverse=True))}", "inum: NUMBER_I"]
+    if _has_inum(numbers):
+        whole = sorted((n for n in numbers if n.isdigit()), key=len, reverse=True)
+        rules += [f"NUMBER_I: {_alt(whole)}", "inum: NUMBER_I"]
     return rules
 
 
