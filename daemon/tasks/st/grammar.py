@@ -119,7 +119,7 @@ bnot: bprim | "NOT" sp bnot | "NOT" sp? "(" sp? bexpr sp? ")"
 batom: bprim | compare
 cmp: lexpr sp? CMP sp? nexpr | nexpr sp? CMP sp? lexpr | texpr sp? CMP sp? texpr
     | sexpr sp? CMP sp? sexpr
-nexpr: nunary (sp? ARITH sp? nunary | sp "MOD" sp nunary){{0,5}}
+nexpr: nunary (sp? ARITH sp? nunary){{0,5}}
 nunary: natom | "-" sp? natom
 IARITH: /[-+*\/]/
 iexpr: iunary (sp? IARITH sp? iunary | sp "MOD" sp iunary){{0,5}}
@@ -129,7 +129,7 @@ rexpr: (nunary nop){{0,2}} runary (nop nunary){{0,3}}
 runary: ratom | "-" sp? ratom
 rfunc: rfname sp? "(" sp? nexpr sp? ")" | ("ATAN2" | "EXPT") sp? "(" sp? nargs sp? ")"
     | "ABS" sp? "(" sp? rexpr sp? ")" | rconv
-nop: sp? ARITH sp? | sp "MOD" sp
+nop: sp? ARITH sp?
 lexpr: (nunary nop){{0,2}} lunary (nop nunary){{0,3}}
 lunary: latom | "-" sp? latom
 TSUM: /[-+]/
@@ -143,7 +143,11 @@ nfunc: nfname sp? "(" sp? nargs sp? ")" | minmax sp? "(" sp? nargs sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? nexpr sp? "," sp? nexpr sp? ")"
     | "MUX" sp? "(" sp? iexpr (sp? "," sp? nexpr)+ sp? ")"
     | "LEN" sp? "(" sp? sexpr sp? ")" | "FIND" sp? "(" sp? sexpr sp? "," sp? sexpr sp? ")"
-    | ("TRUNC" | "ROUND") sp? "(" sp? rexpr sp? ")" | nconv
+    | ("TRUNC" | "ROUND") sp? "(" sp? rexpr sp? ")" | nconv | imod
+# MOD and the shifts take integers (IEC 61131-3 Tables 27, 28): in a number expression
+# they are an operand whose own operands are integer
+imod: iunary (sp "MOD" sp iunary){{1,5}} | ibits sp? "(" sp? iexpr sp? "," sp? iexpr sp? ")"
+ibits: "MOD" | "SHL" | "SHR" | "ROL" | "ROR"
 nconv: iconv | rconv
 ifunc: ifname1 sp? "(" sp? iexpr sp? ")" | ifname2 sp? "(" sp? iexpr sp? "," sp? iexpr sp? ")"
     | ("ADD" | "MUL") sp? "(" sp? iargs sp? ")" | minmax sp? "(" sp? iargs sp? ")"
@@ -165,8 +169,7 @@ sfunc: sfname1 sp? "(" sp? sexpr sp? "," sp? iexpr sp? ")"
     | "REPLACE" sp? "(" sp? sexpr sp? "," sp? sexpr sp? "," sp? iexpr sp? "," sp? iexpr sp? ")"
     | sconv
 nfname: "ABS" | "SQRT" | "LN" | "LOG" | "EXP" | "SIN" | "COS" | "TAN" | "ASIN" | "ACOS"
-    | "ATAN" | "ATAN2" | "EXPT" | "ADD" | "SUB" | "MUL" | "DIV" | "MOD" | "MOVE" | "SHL"
-    | "SHR" | "ROL" | "ROR"
+    | "ATAN" | "ATAN2" | "EXPT" | "ADD" | "SUB" | "MUL" | "DIV" | "MOVE"
 # the functions whose result is a real number whatever their arguments
 rfname: "SQRT" | "LN" | "LOG" | "EXP" | "SIN" | "COS" | "TAN" | "ASIN" | "ACOS" | "ATAN"
 minmax: "MAX" | "MIN" | "LIMIT"
@@ -174,7 +177,7 @@ tfname: "ADD_TIME" | "SUB_TIME"
 tscale: "MUL_TIME" | "DIV_TIME"
 # the functions whose result is an integer where their arguments are (IEC 61131-3 Tables 22-29)
 ifname1: "ABS" | "MOVE"
-ifname2: "SUB" | "DIV" | "MOD" | "SHL" | "SHR" | "ROL" | "ROR"
+ifname2: "SUB" | "DIV" | ibits
 bcmp: "GT" | "GE" | "EQ" | "LE" | "LT" | "NE"
 blogic: "AND" | "OR" | "XOR" | "NOT"
 # the string functions by their arguments (IEC 61131-3 Table 29): LEFT(IN, L), MID(IN, L, P)
@@ -486,7 +489,7 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         + (" | nfix" if consts["n"] or consts["i"] else ""),
         'iatom: "(" sp? iexpr sp? ")" | ifunc' + (" | inum" if _has_inum(numbers) else "")
         + (" | ivalue" if values["i"] else "") + (" | ifix" if consts["i"] else ""),
-        'latom: "(" sp? lexpr sp? ")" | nfunc' + (" | nvalue" if values["n"] else ""),
+        'latom: "(" sp? lexpr sp? ")" | nfunc | imod' + (" | nvalue" if values["n"] else ""),
         # a real expression: one whose operands include a real (REAL_TO_INT, ROUND take one)
         'ratom: "(" sp? rexpr sp? ")" | rfunc' + "".join(
             f" | {r}" for r, here in (("rvalue", reals), ("rfix", consts["n"])) if here),

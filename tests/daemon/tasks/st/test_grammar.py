@@ -145,6 +145,8 @@ def test_every_corpus_answer_is_accepted_from_its_own_declarations(
     "tmrFill(IN := bValve, PT := T#5s + tmrFill.ET * 2 - T#1s);\n"
     "tmrFill(IN := bValve, PT := tmrFill.ET / 2.0);",
     "bValve := NOT (i > 5) AND NOT NOT bDrainOpen OR NOT(rLevel < 1.0) AND i > 2;",
+    # MOD and the shifts over integers, inside a REAL's expression too
+    "aLog[0] := rLevel + i MOD 4 * 2.0;\ni := SHL(i, 1) + MOD(i, 3);\nbValve := i MOD 2 = 0;",
 ])
 def test_valid_bodies_pass_the_grammar_and_the_validators(
         tokenizer: llguidance.LLTokenizer, body: str) -> None:
@@ -166,7 +168,7 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
             "a REAL stored in an INT", "a REAL as an index", "a REAL as a loop bound",
             "a REAL as a CASE selector", "a REAL converted as an integer",
             "durations multiplied", "a number added to a duration",
-            "NOT before a comparison"}
+            "NOT before a comparison", "a REAL in MOD"}
 
 
 @pytest.mark.parametrize(("body", "why"), [
@@ -216,6 +218,9 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
     # IEC reads it (NOT i) > 5, a bit-wise NOT of the number: never what was meant
     ("bValve := NOT i > 5;", "NOT before a comparison"),
     ("bValve := NOT NOT rLevel > 80.0;", "NOT before a comparison"),
+    ("aLog[0] := rLevel MOD 2.0;", "a REAL in MOD"),
+    ("aLog[0] := 1.0 + MOD(rLevel, 2);", "a REAL in MOD"),
+    ("bValve := SHL(rLevel, 1) > 2;", "a REAL in MOD"),
 ])
 def test_broken_bodies_cannot_be_generated(
         tokenizer: llguidance.LLTokenizer, body: str, why: str) -> None:
