@@ -223,17 +223,31 @@ def values_used(stated: Stated, pou: Mapping[str, Any]) -> dict[str, Any]:
     variable declared with it; a duration as a TIME literal of the same length (or its
     number), anything else as the number (a percentage also as a fraction)."""
     numbers, seconds = _used(_effective(pou))
-    missing = []
-    for v in stated.with_units:
-        secs = v.seconds
-        found = (v.number in numbers or (secs is not None and round(secs, 6) in seconds)
-                 or (v.unit == "%" and round(v.number / 100, 9) in
-                     {round(n, 9) for n in numbers}))
-        if not found:
-            missing.append(str(v))
+    missing = [v for v in stated.with_units if not _holds(v, numbers, seconds)]
     return {"ok": not missing, "stated": [str(v) for v in stated.with_units],
-            "errors": [{"path": "body", "message": f"the request states {m}; the POU does not "
-                        "use it"} for m in missing]}
+            "errors": [{"path": "body", "message": _unused(v, pou)} for v in missing]}
+
+
+def _holds(v: Value, numbers: set[float], seconds: set[float]) -> bool:
+    """Whether code that writes ``numbers`` and ``seconds`` uses ``v``."""
+    secs = v.seconds
+    return (v.number in numbers or (secs is not None and round(secs, 6) in seconds)
+            or (v.unit == "%" and round(v.number / 100, 9) in {round(n, 9) for n in numbers}))
+
+
+def _unused(v: Value, pou: Mapping[str, Any]) -> str:
+    """The finding for a stated value the POU does not use, naming the variables declared
+    with it that the body never reads (a setpoint code declared, as a rule)."""
+    idle = []
+    for var in pou.get("variables") or []:
+        if isinstance(var, Mapping) and var.get("initial") is not None:
+            numbers, seconds = _used(str(var["initial"]))
+            if _holds(v, numbers, seconds):
+                idle.append(str(var.get("name")))
+    text = f"the request states {v}; the POU does not use it"
+    if idle:
+        text += f" (the body never reads {' or '.join(idle)}, which holds it)"
+    return text
 
 
 _STEPPED = re.compile(r"(?<![\w.])(\w+)\s*:=\s*\1\s*[-+]\s*1(?![\w.])", re.I)

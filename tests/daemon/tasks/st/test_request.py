@@ -164,8 +164,9 @@ def test_a_value_counts_as_used_only_where_the_body_reads_it() -> None:
     assert st_request.values_used(st_request.read(DRAIN), _pou(reads_all, variables))["ok"]
     skips_off = reads_all.replace("rLevel <= rOff", "rLevel <= rOn")
     r = st_request.values_used(st_request.read(DRAIN), _pou(skips_off, variables))
-    assert [e["message"] for e in r["errors"]] == [
-        "the request states 35.0 %; the POU does not use it"]
+    assert [e["message"] for e in r["errors"]] == [   # the finding names the idle setpoint
+        "the request states 35.0 %; the POU does not use it (the body never reads rOff, "
+        "which holds it)"]
     # a comment that names the setpoint is no use of it
     commented = skips_off + " // rOff is the stop level"
     assert not st_request.values_used(st_request.read(DRAIN), _pou(commented, variables))["ok"]
