@@ -145,6 +145,7 @@ def test_every_corpus_answer_is_accepted_from_its_own_declarations(
     "tmrFill(IN := bValve, PT := T#5s + tmrFill.ET * 2 - T#1s);\n"
     "tmrFill(IN := bValve, PT := tmrFill.ET / 2.0);",
     "bValve := NOT (i > 5) AND NOT NOT bDrainOpen OR NOT(rLevel < 1.0) AND i > 2;",
+    "tmrFill(IN := bValve, PT := T#1d2h30m15s500ms);\nCASE i OF 2147483647: i := 0; END_CASE;",
     # MOD and the shifts over integers, inside a REAL's expression too
     "aLog[0] := rLevel + i MOD 4 * 2.0;\ni := SHL(i, 1) + MOD(i, 3);\nbValve := i MOD 2 = 0;",
 ])
@@ -168,7 +169,7 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
             "a REAL stored in an INT", "a REAL as an index", "a REAL as a loop bound",
             "a REAL as a CASE selector", "a REAL converted as an integer",
             "durations multiplied", "a number added to a duration",
-            "NOT before a comparison", "a REAL in MOD"}
+            "NOT before a comparison", "a REAL in MOD", "a literal past a PLC's digits"}
 
 
 @pytest.mark.parametrize(("body", "why"), [
@@ -219,6 +220,9 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
     ("bValve := NOT i > 5;", "NOT before a comparison"),
     ("bValve := NOT NOT rLevel > 80.0;", "NOT before a comparison"),
     ("aLog[0] := rLevel MOD 2.0;", "a REAL in MOD"),
+    ("tmrFill(IN := bValve, PT := T#10000000000001s);", "a literal past a PLC's digits"),
+    ("tmrFill(IN := bValve, PT := T#1m1000.000128s);", "a literal past a PLC's digits"),
+    ("CASE i OF 1000100010001: bValve := TRUE; END_CASE;", "a literal past a PLC's digits"),
     ("aLog[0] := 1.0 + MOD(rLevel, 2);", "a REAL in MOD"),
     ("bValve := SHL(rLevel, 1) > 2;", "a REAL in MOD"),
 ])
