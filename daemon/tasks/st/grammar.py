@@ -80,8 +80,8 @@ _INLINE = f"/[ ]{{1,4}}|\\\\t|{_BREAK % 12}/"
 _ALIGN = f"/{_BLANKS}|{_BREAK % 12}/"
 _COMMENT = (r'/\/\/[^\\"\x00-\x1f]{0,160}\\n'
             r'|\(\*(?:[^*\\"\x00-\x1f]|\*{1,8}[^*)\\"\x00-\x1f]){0,160}\*{1,8}\)/')
-# literals are bounded as a PLC bounds them (a DINT has 10 digits; a duration's part six, its
-# fraction three, five parts d h m s ms): a model that writes digit after digit
+# literals are bounded as a PLC bounds them (12 digits hold any DINT; a duration has five
+# parts d h m s ms of six digits, a fraction of three): a model that writes digit after digit
 # (T#10000000000001s, a CASE label of 14 digits) runs out of room, not out of tokens
 _UNIT = r"[0-9]{1,6}(?:\.[0-9]{1,3})?(?:ms|us|ns|MS|US|NS|d|h|m|s|D|H|M|S)"
 _DURATION = rf"(?:{_UNIT}){{1,5}}"   # no "_" between units: the checker's parser refuses it
