@@ -27,10 +27,12 @@ so two classes of refusal cannot be generated any more:
   member, a function): two setpoints or a setpoint and a literal compared
   (``rOn >= rOff``) are a constant, never what the request asked. What the execution
   check refused after the fact (``cannot store a REAL in tmr.IN``) cannot be written;
-- size: an expression chains at most six operands (four for durations), a run of blanks
-  holds at most one line break, and at most four of them or comments stand between two
-  statements: a model that cannot go on where it wants to runs out of room, not into
-  pages of blanks.
+- size: an expression chains at most six operands (four for durations) and nests at most
+  four parentheses or brackets deep (``nesting.leveled``), a string literal holds at most
+  80 characters (a STRING's default length), a run of blanks holds at most one line
+  break, and at most four of them or comments stand between two statements: a model that
+  cannot go on where it wants to runs out of room, not into pages of blanks or calls
+  inside calls.
 
 The body is text inside a JSON string, so the grammar speaks JSON-escaped ST: a line break
 is the two characters ``\\n``, and no ``"`` or ``\\`` appears except in those escapes (ST
@@ -49,6 +51,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from rung.daemon.tasks.st.interpreter import type_kind
+from rung.daemon.tasks.st.nesting import leveled
 from rung.daemon.tasks.st.pou import (
     CONVERSION_TYPES,
     FB_INPUTS,
@@ -81,8 +84,9 @@ _ALIGN = f"/{_BLANKS}|{_BREAK % 12}/"
 _COMMENT = (r'/\/\/[^\\"\x00-\x1f]{0,160}\\n'
             r'|\(\*(?:[^*\\"\x00-\x1f]|\*{1,8}[^*)\\"\x00-\x1f]){0,160}\*{1,8}\)/')
 # literals are bounded as a PLC bounds them (12 digits hold any DINT; a duration has five
-# parts d h m s ms of six digits, a fraction of three): a model that writes digit after digit
-# (T#10000000000001s, a CASE label of 14 digits) runs out of room, not out of tokens
+# parts d h m s ms of six digits, a fraction of three; a STRING holds 80 characters by
+# default): a model that writes digit after digit (T#10000000000001s, a CASE label of 14
+# digits) runs out of room, not out of tokens
 _UNIT = r"[0-9]{1,6}(?:\.[0-9]{1,3})?(?:ms|us|ns|MS|US|NS|d|h|m|s|D|H|M|S)"
 _DURATION = rf"(?:{_UNIT}){{1,5}}"   # no "_" between units: the checker's parser refuses it
 _DIGITS = "[0-9](?:_?[0-9]){0,11}"
@@ -100,7 +104,7 @@ INT: /{_DIGITS}/
 BASED: /(?:{_BASED})/
 REAL: /{_DIGITS}\.{_DIGITS}(?:[eE][+-]?[0-9]+)?/
 TIME: /(?:T|TIME|LTIME)#-?{_DURATION}/
-STRING: /'(?:[^'$\\"\x00-\x1f]|\$[$'LNPRTlnprt]|\$[0-9A-Fa-f]{{2}})*'/
+STRING: /'(?:[^'$\\"\x00-\x1f]|\$[$'LNPRTlnprt]|\$[0-9A-Fa-f]{{2}}){{0,80}}'/
 RANGE: /-?[0-9]+\.\.-?[0-9]+/
 block: (stmt gap?)*
 if_stmt: "IF" sp bexpr sp "THEN" gap block elsif* else? "END_IF" sp? ";"
@@ -293,7 +297,7 @@ def _initial_pattern(kind: str, numbers: Sequence[str] | None) -> str | None:
     if kind == "time":
         return rf"^(T|TIME|LTIME)#-?{_DURATION}$"
     if kind == "string":
-        return r"^'[^'$\\\"]*'$"
+        return r"^'[^'$\\\"]{0,80}'$"
     if numbers is None:
         real = rf"(\.{_DIGITS})?([eE][+-]?[0-9]+)?" if kind == "real" else ""
         return rf"^(-?{_DIGITS}{real}|{_BASED})$"
@@ -513,7 +517,7 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
         rules.append("call: " + " | ".join(f"call_{key}" for key, _ in calls))
         statements.append('call sp? ";"')
     rules.append(f"stmt: {' | '.join(statements)}")
-    return _FIXED + "\n".join(rules) + "\n"
+    return leveled(_FIXED + "\n".join(rules) + "\n", _EXPR.values())
 
 
 def _has_inum(numbers: Sequence[str] | None) -> bool:

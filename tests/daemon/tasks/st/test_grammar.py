@@ -20,6 +20,7 @@ from rung.daemon.tasks.names import NameGuard
 from rung.daemon.tasks.runner import TaskRunner
 from rung.daemon.tasks.shaping import compact
 from rung.daemon.tasks.st import grammar as st_grammar
+from rung.daemon.tasks.st import nesting
 from rung.daemon.tasks.st import request as st_request
 from rung.daemon.tasks.st.interpreter import Program, StExecError
 from rung.daemon.tasks.st.pou import validate_pou
@@ -114,6 +115,10 @@ def test_every_corpus_answer_is_accepted_from_its_own_declarations(
 
 
 @pytest.mark.parametrize("body", [
+    # four deep, the bound (parentheses and brackets alike), and a string of 80 characters
+    "aLog[0] := ABS(ABS(ABS((rLevel))));",
+    "aLog[ABS(ABS(ABS(i)))] := SQRT(ABS(rLevel - (rLevel * 2.0)));",
+    "i := LEN('" + "x" * 80 + "');",
     "IF rLevel < 20.0 AND NOT bDrainOpen THEN\n    bValve := TRUE;\nELSIF rLevel > 80.0 "
     "THEN\n    bValve := FALSE;\nEND_IF;",
     "tmrFill(IN := bValve, PT := T#30s);\n// fill timeout\nIF tmrFill.Q THEN bValve := "
@@ -169,7 +174,8 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
             "a REAL stored in an INT", "a REAL as an index", "a REAL as a loop bound",
             "a REAL as a CASE selector", "a REAL converted as an integer",
             "durations multiplied", "a number added to a duration",
-            "NOT before a comparison", "a REAL in MOD", "a literal past a PLC's digits"}
+            "NOT before a comparison", "a REAL in MOD", "a literal past a PLC's digits",
+            "nesting past four", "a string past 80 characters"}
 
 
 @pytest.mark.parametrize(("body", "why"), [
@@ -225,6 +231,11 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
     ("CASE i OF 1000100010001: bValve := TRUE; END_CASE;", "a literal past a PLC's digits"),
     ("aLog[0] := 1.0 + MOD(rLevel, 2);", "a REAL in MOD"),
     ("bValve := SHL(rLevel, 1) > 2;", "a REAL in MOD"),
+    ("aLog[0] := ABS(ABS(ABS(ABS(ABS(rLevel)))));", "nesting past four"),
+    ("i := ROL(10 - (INT_TO_DINT(ROL(i - (1), 2))), 1);", "nesting past four"),
+    ("aLog[ABS(ABS(ABS(ABS(i))))] := 1.0;", "nesting past four"),
+    ("bValve := (((((bDrainOpen)))));", "nesting past four"),
+    ("i := LEN('" + "x" * 81 + "');", "a string past 80 characters"),
 ])
 def test_broken_bodies_cannot_be_generated(
         tokenizer: llguidance.LLTokenizer, body: str, why: str) -> None:
@@ -555,3 +566,32 @@ def test_no_restage_refuses_what_a_random_walk_wrote(runner: TaskRunner) -> None
                           seed, most=1500, lean=0.5)
         bodies += st_grammar.BODY_MARK in runner.tokenizer.decode(constraint.tokens)
     assert bodies >= 8
+
+
+def _depth(body: str) -> int:
+    """How deep a body's parentheses and brackets nest (outside strings and comments)."""
+    code = re.sub(r"'(?:[^'$]|\$.)*'|\(\*.*?\*\)|//[^\n]*", " ", body.replace("\\n", "\n"))
+    depth = deepest = 0
+    for c in code:
+        depth += (c in "([") - (c in ")]")
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def test_a_walk_that_opens_wherever_it_can_closes_at_the_bound(runner: TaskRunner) -> None:
+    """Walks through a body that take a token opening a parenthesis or a bracket wherever
+    the grammar allows one, as a model writing ``ROL(10 - (INT_TO_DINT(ROL(...`` does:
+    every position still has a token to take, and the body nests as deep as the bound and
+    no deeper (the answers that ran out of tokens inside calls inside calls)."""
+    own = (',{"section":"VAR_INPUT","name":"rLevel","type":"REAL"}'
+           ',{"section":"VAR","name":"i","type":"INT"}'
+           ',{"section":"VAR","name":"aCount","type":"ARRAY[0..9] OF INT"}')
+    start = ST.kind.shape(ST.output_schema, HYSTERESIS).prefix + own + "],"
+    depths = []
+    for seed in range(6):
+        constraint = walk(runner, ST, HYSTERESIS, lambda x: "(" in x or "[" in x, seed,
+                          most=700, lean=0.9, start=start)
+        text = runner.tokenizer.decode(constraint.tokens)
+        body = text.split(st_grammar.BODY_MARK, 1)[1].split('"', 1)[0]   # no " inside
+        depths.append(_depth(body))
+    assert max(depths) == nesting.MAX_DEPTH, depths
