@@ -21,8 +21,8 @@ from rung.daemon.request import Answer, Request
 from rung.daemon.tasks import shaping
 from rung.daemon.tasks.drive import Drive, drive_all
 from rung.daemon.tasks.names import Closers, NameGuard
-from rung.daemon.tasks.unfinished import OpenGuard
 from rung.daemon.tasks.task import Task, TaskError
+from rung.daemon.tasks.unfinished import OpenGuard
 from rung.daemon.tasks.validate import validate_output
 from rung.engines import AnyEngine
 from rung.engines.drafts import inexact
