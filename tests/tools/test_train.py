@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_smoke_training_lowers_loss_and_exports(tmp_path: Path) -> None:
     cfg = TrainConfig(samples=24, vocab_size=512, hidden_size=64, intermediate_size=160,
                       num_layers=2, num_heads=4, num_kv_heads=2, max_seq=1024,
-                      batch_tokens=8192, lr=1e-2, warmup_steps=3, minutes=2.0,
+                      batch_tokens=8192, lr=1e-2, warmup_steps=3, minutes=60.0,
                       max_steps=12, sparsity=0.05, gates=True)
     result = train(cfg, generate(24, seed=3), tmp_path / "model", log=io.StringIO())
     losses = [h["loss"] for h in result["history"]]
@@ -43,7 +43,7 @@ def test_smoke_training_lowers_loss_and_exports(tmp_path: Path) -> None:
 def test_continued_training_starts_warm_and_drops_the_gates(tmp_path: Path) -> None:
     small = {"samples": 24, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 160,
              "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "max_seq": 1024,
-             "batch_tokens": 8192, "warmup_steps": 3, "minutes": 2.0}
+             "batch_tokens": 8192, "warmup_steps": 3, "minutes": 60.0}
     first = train(TrainConfig(**small, max_steps=12, gates=True), generate(24, seed=3),
                   tmp_path / "first", log=io.StringIO())
     again = train(TrainConfig(**small, max_steps=3, init=str(tmp_path / "first")),

@@ -103,7 +103,6 @@ COMMENT: {_COMMENT}
 INT: /{_DIGITS}/
 BASED: /(?:{_BASED})/
 REAL: /{_DIGITS}\.{_DIGITS}(?:[eE][+-]?[0-9]+)?/
-TIME: /(?:T|TIME|LTIME)#-?{_DURATION}/
 STRING: /'(?:[^'$\\"\x00-\x1f]|\$[$'LNPRTlnprt]|\$[0-9A-Fa-f]{{2}}){{0,80}}'/
 RANGE: /-?[0-9]+\.\.-?[0-9]+/
 block: (stmt gap?)*
@@ -288,14 +287,24 @@ _INITIAL_TYPES = (*sorted(INTEGER_TYPES), "BOOL", "REAL", "LREAL", "TIME", "LTIM
                   "WSTRING")
 
 
-def _initial_pattern(kind: str, numbers: Sequence[str] | None) -> str | None:
+def _durations(durations: Sequence[str] | None) -> str:
+    """The pattern of a TIME literal: with ``durations`` (``request.durations``), only those."""
+    if durations is None:
+        return rf"(?:T|TIME|LTIME)#-?{_DURATION}"
+    return "(?:T|TIME|LTIME)#(?:" + "|".join(
+        re.escape(d) for d in sorted(durations, key=len, reverse=True)) + ")"
+
+
+def _initial_pattern(kind: str, numbers: Sequence[str] | None,
+                     durations: Sequence[str] | None = None) -> str | None:
     """The pattern of an initial value of class ``kind`` (``interpreter.type_kind``): the
     literals a variable of that class may start with (with ``numbers``, only those numbers;
-    an integer only the whole ones). None: none can be written."""
+    an integer only the whole ones; with ``durations``, only those). None: none can be
+    written."""
     if kind == "bool":
         return "^(TRUE|FALSE)$"
     if kind == "time":
-        return rf"^(T|TIME|LTIME)#-?{_DURATION}$"
+        return f"^{_durations(durations)}$"
     if kind == "string":
         return r"^'[^'$\\\"]{0,80}'$"
     if numbers is None:
@@ -320,12 +329,12 @@ def _accepts(type_schema: Any, name: str) -> bool:
         pattern is None or re.search(pattern, name) is not None)
 
 
-def typed_item(item: Mapping[str, Any], numbers: Sequence[str] | None = None
-               ) -> dict[str, Any]:
+def typed_item(item: Mapping[str, Any], numbers: Sequence[str] | None = None,
+               durations: Sequence[str] | None = None) -> dict[str, Any]:
     """A variable's schema (resolved, with a free-text ``initial``) whose initial value is a
     literal of its declared type: one branch per class of scalar type the item's ``type``
     accepts (BOOL ``TRUE``/``FALSE``, an integer a whole number, a REAL a number, a TIME a
-    duration, a STRING a quoted text; with ``numbers``, only those numbers), and one for
+    duration, a STRING a quoted text; with ``numbers`` and ``durations``, only those), and one for
     every other type without an initial value (an FB instance has none). What the
     interpreter refuses after the fact (``iSetpoint : INT := 6.5``) cannot be written."""
     props = dict(item.get("properties") or {})
@@ -337,7 +346,7 @@ def typed_item(item: Mapping[str, Any], numbers: Sequence[str] | None = None
             groups.setdefault(kind, []).append(name)
     branches = []
     for kind, names in groups.items():
-        pattern = _initial_pattern(kind, numbers)
+        pattern = _initial_pattern(kind, numbers, durations)
         if pattern is not None:
             branches.append({**item, "properties": {
                 **props, "type": {"enum": names}, "initial": {**initial, "pattern": pattern}}})
@@ -371,7 +380,8 @@ def _class(type_text: str, kind: str) -> str:
 
 def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = (),
                  numbers: Sequence[str] | None = None,
-                 fixed: Collection[str] = ()) -> str | None:
+                 fixed: Collection[str] = (),
+                 durations: Sequence[str] | None = None) -> str | None:
     """The Lark grammar for the whole answer: ``head`` (the text up to and including
     ``"body":"``) as written, a body over ``pou``'s declarations, the closing quote, the
     properties the schema puts after the body (``after``: key, schema, required; compact
@@ -384,7 +394,8 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
     integer expression, a TIME target or ``PT`` a duration; a timer's ``IN`` is never a
     REAL. ``numbers``: the only numeric literals the body may write (the request's stated
     values, ``request.literals``); None: any. ``fixed``: variables read, never assigned
-    (the setpoints code declared from the request's values)."""
+    (the setpoints code declared from the request's values). ``durations``: the only TIME
+    literals (``request.durations``); None: any."""
     fixed_upper = {f.upper() for f in fixed}
     var: dict[str, list[str]] = {k: [] for k in _CLASSES}        # read as values
     writable: dict[str, list[str]] = {k: [] for k in _CLASSES}   # ... and assigned
@@ -428,7 +439,7 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
              f"HEAD: {_lit(head)}",
              'TAIL: "\\""',
              "tail: " + " ".join(_member(*m) for m in after) + ' "}"',
-             *_number_rule(numbers), *_conversions()]
+             *_number_rule(numbers), f"TIME: /{_durations(durations)}/", *_conversions()]
     for k in _CLASSES:
         if var[k]:
             rules.append(f"{k}var: {_alt(var[k])}")

@@ -141,10 +141,18 @@ def read(data: Mapping[str, Any]) -> Stated:
     text = _SIGNAL.sub(lambda m: f" {m.group(1)} {m.group(2)} ", text)
     text = text.replace("..", " .. ")   # "0.0..16.0": two numbers
     values: dict[Value, None] = {}   # in order, each once
-    for m in _COMPOUND.finditer(text):   # "1 min 30 s": one duration of 90 s
-        total = sum(float(n) * _SECONDS[u.lower()] for n, u in _PART.findall(m.group(0)))
+
+    def compound(m: re.Match[str]) -> str:
+        """ "1 min 30 s": one duration of 90 s (its units largest first; "2 s and 10 s",
+        "3 s and 2 min" are two)."""
+        parts = [(float(n), _SECONDS[u.lower()]) for n, u in _PART.findall(m.group(0))]
+        if any(a[1] <= b[1] for a, b in zip(parts, parts[1:], strict=False)):
+            return m.group(0)
+        total = sum(n * size for n, size in parts)
         values[Value(_forms(round(total, 3))[0], "s", " ".join(m.group(0).split()))] = None
-    text = _COMPOUND.sub(" ", text)
+        return " "
+
+    text = _COMPOUND.sub(compound, text)
     for number, unit in _STATED.findall(text):
         u = unit if unit and (unit.lower() in _SECONDS or _is_unit(unit)) else None
         if u is not None and u.lower() in _SECONDS:
@@ -176,6 +184,41 @@ def literals(stated: Stated) -> list[str]:
             numbers += _forms(v.number - 1)
     numbers += [s for i in SMALL for s in _forms(float(i))]
     return _unique(numbers)
+
+
+# the durations a POU may write unstated: none, a scan's debounce or blink (10, 20, 50,
+# 100 ms), one second
+SMALL_SECONDS = (0.0, 0.01, 0.02, 0.05, 0.1, 1.0)
+_DURATION_UNITS = (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 0.001))
+
+
+def _duration_forms(seconds: float) -> list[str]:
+    """TIME literal texts after the ``T#`` of one duration: in each unit it is a whole
+    number of, or a fraction of at least 0.1 with three places at most (``90s``, ``1.5m``,
+    ``90000ms``), its parts largest first
+    (``1m30s``), units in either case."""
+    out = []
+    for unit, size in _DURATION_UNITS:
+        q = round(seconds / size, 3)
+        if abs(q * size - seconds) < 1e-9 and q < 1e6 and (
+                q == int(q) or (unit != "ms" and q >= 0.1)):
+            out.append(f"{int(q)}{unit}" if q == int(q) else f"{q:.3f}".rstrip("0") + unit)
+    rest, parts = round(seconds * 1000), []
+    for unit, size in _DURATION_UNITS:
+        n, rest = divmod(rest, round(size * 1000))
+        if n:
+            parts.append(f"{n}{unit}")
+    if len(parts) > 1:
+        out.append("".join(parts))
+    return _unique([*out, *(f.upper() for f in out)])
+
+
+def durations(stated: Stated) -> list[str]:
+    """The TIME literal texts (after ``T#``) a POU for this request may write: the stated
+    durations and ``SMALL_SECONDS``, as a model writes its own numbers otherwise
+    (``T#3s`` for a stated 30 s, ``T#100ms`` for a stated 100 %)."""
+    seconds = {round(v.seconds, 6) for v in stated.values if v.seconds is not None}
+    return _unique(f for s in sorted(seconds | set(SMALL_SECONDS)) for f in _duration_forms(s))
 
 
 def _unique(items: Iterable[str]) -> list[str]:

@@ -55,8 +55,9 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
         return Shape(s)
     # the numbers and durations the request states are the only ones the answer may write
     numbers = request.literals(request.read(data))
+    durations = request.durations(request.read(data))
     if _free_text(item_props.get("initial")):   # a literal of its type, not free text
-        variables["items"] = grammar.typed_item(item, numbers)
+        variables["items"] = grammar.typed_item(item, numbers, durations)
     if not _free_text(props.get("body")):
         return Shape(s, names=grammar.names_at)
     required = set(s.get("required") or ())
@@ -77,7 +78,7 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
     def restage(text: str) -> Lark | None:
         found = grammar.head_pou(text)
         body = None if found is None else grammar.body_grammar(*found, after_body,
-                                                                  numbers, fixed)
+                                                                  numbers, fixed, durations)
         return None if body is None else Lark(body)
 
     # asked at each bracket: the body's grammar from the one that closes the declarations

@@ -76,8 +76,12 @@ def _invents(sample: dict[str, Any]) -> bool:
                                                     f"{code} {inits}"))
 
 
-def _body_grammar(pou: dict[str, Any] = POU) -> Lark:
-    restage = _restage({"description": "d"})
+# the durations the bodies below write, as a request states them
+TIMED = {"description": "Fill within 30 s; alarm after 1 min 30 s; pulses of 5 s, 2 s, 10 s."}
+
+
+def _body_grammar(pou: dict[str, Any] = POU, data: dict[str, Any] = TIMED) -> Lark:
+    restage = _restage(data)
     text = _with_body("", pou)
     grammar = restage(text[:text.index(st_grammar.BODY_MARK) + len(st_grammar.BODY_MARK)])
     assert isinstance(grammar, Lark)
@@ -150,7 +154,7 @@ def test_every_corpus_answer_is_accepted_from_its_own_declarations(
     "tmrFill(IN := bValve, PT := T#5s + tmrFill.ET * 2 - T#1s);\n"
     "tmrFill(IN := bValve, PT := tmrFill.ET / 2.0);",
     "bValve := NOT (i > 5) AND NOT NOT bDrainOpen OR NOT(rLevel < 1.0) AND i > 2;",
-    "tmrFill(IN := bValve, PT := T#1d2h30m15s500ms);\nCASE i OF 2147483647: i := 0; END_CASE;",
+    "tmrFill(IN := bValve, PT := T#1m30s);\nCASE i OF 2147483647: i := 0; END_CASE;",
     # MOD and the shifts over integers, inside a REAL's expression too
     "aLog[0] := rLevel + i MOD 4 * 2.0;\ni := SHL(i, 1) + MOD(i, 3);\nbValve := i MOD 2 = 0;",
 ])
@@ -444,7 +448,8 @@ def test_the_body_writes_only_the_numbers_the_request_states(
     accepts = jsonschema.Draft202012Validator(item).is_valid
     for init in ("95.0", "0.95"):
         assert accepts({"section": "VAR", "name": "r", "type": "REAL", "initial": init})
-    assert accepts({"section": "VAR", "name": "t", "type": "TIME", "initial": "T#10s"})
+    assert accepts({"section": "VAR", "name": "t", "type": "TIME", "initial": "T#1s"})
+    assert not accepts({"section": "VAR", "name": "t", "type": "TIME", "initial": "T#10s"})
     assert not accepts({"section": "VAR", "name": "r", "type": "REAL", "initial": "1900.0"})
 
 
@@ -473,11 +478,12 @@ def test_an_initial_value_is_a_literal_of_the_declared_type(
                                   v if initial is None else {**v, "initial": initial})
 
     assert ok("REAL", "70.0") and ok("LREAL", "35.0") and ok("INT", "70") and ok("INT")
-    assert ok("BOOL", "FALSE") and ok("TIME", "T#5s") and ok("STRING", "'P1'")
+    assert ok("BOOL", "FALSE") and ok("TIME", "T#1s") and ok("STRING", "'P1'")
     assert ok("TON") and ok("DINT", "0")
     for vtype, initial in (("INT", "70.0"), ("INT", "0.7"), ("BOOL", "70.0"),
                            ("REAL", "TRUE"), ("TIME", "70.0"), ("REAL", "T#5s"),
-                           ("TON", "T#5s"), ("REAL", "1900.0"), ("INT", "1900")):
+                           ("TON", "T#5s"), ("REAL", "1900.0"), ("INT", "1900"),
+                           ("TIME", "T#5s")):   # no duration stated
         assert not ok(vtype, initial), (vtype, initial)
 
 
@@ -626,3 +632,24 @@ def test_the_body_stays_open_until_it_uses_every_stated_value(runner: TaskRunner
     body = json.loads(f'"{two}bAlarm := rLevel >= rHighLevelAlarm;"')
     pou = {**json.loads(shape.prefix + own + "]}"), "body": body}
     assert st_request.values_used(st_request.read(HYSTERESIS), pou)["ok"]
+
+
+def test_a_body_writes_only_the_durations_the_request_states(
+        tokenizer: llguidance.LLTokenizer) -> None:
+    """The finding: a POU declared ``T#3s`` for a stated 30 s and ``T#100ms`` for a stated
+    100 %. The stated durations in any spelling, and the small ones; no other (without a
+    request to hold them to, any duration of up to five parts)."""
+    def ok(pt: str, data: dict[str, Any] = TIMED) -> bool:
+        return _accepts(tokenizer, _body_grammar(data=data),
+                        _with_body(f"tmrFill(IN := bValve, PT := {pt});"))
+
+    for pt in ("T#30s", "T#0.5m", "T#30000ms", "TIME#30S", "T#1m30s", "T#90s", "T#100ms",
+               "T#0s", "T#1s"):
+        assert ok(pt), pt
+    for pt in ("T#3s", "T#300s", "T#1m", "T#500ms", "T#1d2h30m15s500ms"):
+        assert not ok(pt), pt
+    head = _with_body("")
+    head = head[:head.index(st_grammar.BODY_MARK) + len(st_grammar.BODY_MARK)]
+    free = st_grammar.body_grammar(head, POU)
+    assert free is not None and _accepts(tokenizer, Lark(free), _with_body(
+        "tmrFill(IN := bValve, PT := T#1d2h30m15s500ms);"))

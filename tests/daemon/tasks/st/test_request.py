@@ -57,6 +57,22 @@ def test_the_pou_must_use_every_value_stated_with_a_unit() -> None:
     assert st_request.values_used(st_request.read(DRAIN), _pou(as_fraction))["ok"]
 
 
+def test_durations_in_a_row_are_one_only_largest_unit_first() -> None:
+    """ "1 min 30 s" is one duration; "2 s and 10 s" and "3 s and 2 min" are two each."""
+    for text, stated in (("pulses of 5 s, 2 s and 10 s", ["5 s", "2 s", "10 s"]),
+                         ("run 3 s and 2 min later again", ["3 s", "2 min"]),
+                         ("for 1 h and 30 min", ["1 h and 30 min"])):
+        assert [str(v) for v in st_request.read({"description": text}).values] == stated
+
+
+def test_the_durations_a_pou_may_write() -> None:
+    """A stated duration in the forms an engineer writes it; besides, only the small ones
+    (none, a debounce's 10-100 ms, one second)."""
+    forms = st_request.durations(st_request.read({"description": "stop after 1 min 30 s"}))
+    assert {"1m30s", "90s", "1.5m", "90000ms", "1M30S", "0s", "100ms", "1s"} <= set(forms)
+    assert not {"3s", "9s", "1m", "30s", "500ms"} & set(forms)
+
+
 def test_a_stated_duration_is_used_as_a_time_of_the_same_length() -> None:
     data = {"description": "Stop the belt if it runs longer than 1 min 30 s without a part."}
     s = st_request.read(data)
