@@ -27,8 +27,9 @@ so two classes of refusal cannot be generated any more:
   member, a function): two setpoints or a setpoint and a literal compared
   (``rOn >= rOff``) are a constant, never what the request asked. What the execution
   check refused after the fact (``cannot store a REAL in tmr.IN``) cannot be written;
-- size: an expression chains at most six operands (four for durations) and nests at most
-  four parentheses or brackets deep (``nesting.leveled``), a string literal holds at most
+- size: an expression chains at most six operands (four for durations; from two
+  parentheses deep, three), a call takes at most eight arguments, and expressions nest at
+  most four parentheses or brackets deep (``nesting.leveled``), a string literal holds at most
   80 characters (a STRING's default length), a run of blanks holds at most one line
   break, and at most four of them or comments stand between two statements: a model that
   cannot go on where it wants to runs out of room, not into pages of blanks or calls
@@ -90,7 +91,8 @@ _COMMENT = (r'/\/\/[^\\"\x00-\x1f]{0,160}\\n'
 _UNIT = r"[0-9]{1,6}(?:\.[0-9]{1,3})?(?:ms|us|ns|MS|US|NS|d|h|m|s|D|H|M|S)"
 _DURATION = rf"(?:{_UNIT}){{1,5}}"   # no "_" between units: the checker's parser refuses it
 _DIGITS = "[0-9](?:_?[0-9]){0,11}"
-_BASED = "2#[01](?:_?[01])*|8#[0-7](?:_?[0-7])*|16#[0-9A-Fa-f](?:_?[0-9A-Fa-f])*"
+_BASED = ("2#[01](?:_?[01]){0,63}|8#[0-7](?:_?[0-7]){0,21}"
+          "|16#[0-9A-Fa-f](?:_?[0-9A-Fa-f]){0,15}")
 _FIXED = rf"""
 %llguidance {{}}
 sp: INLINE
@@ -104,13 +106,13 @@ INT: /{_DIGITS}/
 BASED: /(?:{_BASED})/
 REAL: /{_DIGITS}\.{_DIGITS}(?:[eE][+-]?[0-9]+)?/
 STRING: /'(?:[^'$\\"\x00-\x1f]|\$[$'LNPRTlnprt]|\$[0-9A-Fa-f]{{2}}){{0,80}}'/
-RANGE: /-?[0-9]+\.\.-?[0-9]+/
+RANGE: /-?[0-9]{{1,12}}\.\.-?[0-9]{{1,12}}/
 block: (stmt gap?)*
 if_stmt: "IF" sp bexpr sp "THEN" gap block elsif* else? "END_IF" sp? ";"
 elsif: "ELSIF" sp bexpr sp "THEN" gap block
 else: "ELSE" gap block
 case_stmt: "CASE" sp iexpr sp "OF" gap case_item+ else? "END_CASE" sp? ";"
-case_item: case_label (sp? "," sp? case_label)* sp? ":" gap? block
+case_item: case_label (sp? "," sp? case_label){{0,15}} sp? ":" gap? block
 case_label: INT | "-" INT | RANGE | BASED
 while_stmt: "WHILE" sp bexpr sp "DO" gap block "END_WHILE" sp? ";"
 repeat_stmt: "REPEAT" gap block "UNTIL" sp bexpr sp? "END_REPEAT" sp? ";"
@@ -130,7 +132,7 @@ nunary: natom | "-" sp? natom
 IARITH: /[-+*\/]/
 iexpr: iunary (sp? IARITH sp? iunary | sp "MOD" sp iunary){{0,5}}
 iunary: iatom | "-" sp? iatom
-iargs: iexpr (sp? "," sp? iexpr)*
+iargs: iexpr (sp? "," sp? iexpr){{0,7}}
 rexpr: (nunary nop){{0,2}} runary (nop nunary){{0,3}}
 runary: ratom | "-" sp? ratom
 rfunc: rfname sp? "(" sp? nexpr sp? ")" | ("ATAN2" | "EXPT") sp? "(" sp? nargs sp? ")"
@@ -142,12 +144,12 @@ TSUM: /[-+]/
 TSCALE: /[*\/]/
 texpr: tunary (sp? TSUM sp? tunary | sp? TSCALE sp? natom){{0,3}}
 tunary: tatom | "-" sp? tatom
-nargs: nexpr (sp? "," sp? nexpr)*
-targs: texpr (sp? "," sp? texpr)*
+nargs: nexpr (sp? "," sp? nexpr){{0,7}}
+targs: texpr (sp? "," sp? texpr){{0,7}}
 anyexpr: bexpr | nexpr | texpr | sexpr
 nfunc: nfname sp? "(" sp? nargs sp? ")" | minmax sp? "(" sp? nargs sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? nexpr sp? "," sp? nexpr sp? ")"
-    | "MUX" sp? "(" sp? iexpr (sp? "," sp? nexpr)+ sp? ")"
+    | "MUX" sp? "(" sp? iexpr (sp? "," sp? nexpr){{1,8}} sp? ")"
     | "LEN" sp? "(" sp? sexpr sp? ")" | "FIND" sp? "(" sp? sexpr sp? "," sp? sexpr sp? ")"
     | ("TRUNC" | "ROUND") sp? "(" sp? rexpr sp? ")" | nconv | imod
 # MOD and the shifts take integers (IEC 61131-3 Tables 27, 28): in a number expression
@@ -158,19 +160,19 @@ nconv: iconv | rconv
 ifunc: ifname1 sp? "(" sp? iexpr sp? ")" | ifname2 sp? "(" sp? iexpr sp? "," sp? iexpr sp? ")"
     | ("ADD" | "MUL") sp? "(" sp? iargs sp? ")" | minmax sp? "(" sp? iargs sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? iexpr sp? "," sp? iexpr sp? ")"
-    | "MUX" sp? "(" sp? iexpr (sp? "," sp? iexpr)+ sp? ")"
+    | "MUX" sp? "(" sp? iexpr (sp? "," sp? iexpr){{1,8}} sp? ")"
     | "LEN" sp? "(" sp? sexpr sp? ")" | "FIND" sp? "(" sp? sexpr sp? "," sp? sexpr sp? ")"
     | ("TRUNC" | "ROUND") sp? "(" sp? rexpr sp? ")" | iconv
 tfunc: minmax sp? "(" sp? targs sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? texpr sp? "," sp? texpr sp? ")"
     | tfname sp? "(" sp? texpr sp? "," sp? texpr sp? ")"
     | tscale sp? "(" sp? texpr sp? "," sp? nexpr sp? ")" | tconv
-bfunc: bcmp sp? "(" sp? nargs sp? ")" | blogic sp? "(" sp? bexpr (sp? "," sp? bexpr)* sp? ")"
+bfunc: bcmp sp? "(" sp? nargs sp? ")" | blogic sp? "(" sp? bexpr (sp? "," sp? bexpr){{0,7}} sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? bexpr sp? "," sp? bexpr sp? ")"
     | bconv
 sfunc: sfname1 sp? "(" sp? sexpr sp? "," sp? iexpr sp? ")"
     | sfname2 sp? "(" sp? sexpr sp? "," sp? iexpr sp? "," sp? iexpr sp? ")"
-    | "CONCAT" sp? "(" sp? sexpr (sp? "," sp? sexpr)+ sp? ")"
+    | "CONCAT" sp? "(" sp? sexpr (sp? "," sp? sexpr){{1,7}} sp? ")"
     | "INSERT" sp? "(" sp? sexpr sp? "," sp? sexpr sp? "," sp? iexpr sp? ")"
     | "REPLACE" sp? "(" sp? sexpr sp? "," sp? sexpr sp? "," sp? iexpr sp? "," sp? iexpr sp? ")"
     | sconv

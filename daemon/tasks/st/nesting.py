@@ -1,7 +1,7 @@
 """A Lark grammar's expressions bounded in how deep they nest: each rule of the expression
 system is written once per level (``nexpr``, ``nexpr_d1``, ... ``nexpr_d4``); what a rule
 takes inside a ``"("`` or ``"["`` it writes is one level deeper, and at the last level no
-alternative that opens one is left. ``SQRT(ABS(x - (y * 2.0)))`` nests three deep; a model
+alternative that opens one is left; from ``SHORT_FROM`` on, its repetitions are shorter. ``SQRT(ABS(x - (y * 2.0)))`` nests three deep; a model
 that opens ``ROL(10 - (INT_TO_DINT(ROL(...`` without end has to close at the bound, as it
 has to end an expression after six operands.
 
@@ -19,6 +19,10 @@ import re
 from collections.abc import Collection
 
 MAX_DEPTH = 4   # the corpus nests at most three deep; engineers' ST rarely more
+# from this level on, a repetition ``{m,n}`` of the system's rules repeats at most this often
+# (an expression inside two parentheses chains three operands, not six)
+SHORT_FROM, SHORT = 2, 2
+_REPEAT = re.compile(r"\{(\d+),(\d+)\}")
 
 _RULE = re.compile(r"([a-z][a-z0-9_]*)\s*:(.*)", re.S)
 _LEXEME = re.compile(r'"(?:[^"\\]|\\.)*"|/(?:[^/\\]|\\.)*/|\{[0-9,]*\}|[A-Za-z_][A-Za-z0-9_]*'
@@ -103,6 +107,10 @@ def _at(body: str, level: int, system: Collection[str], depth: int) -> list[Alte
         inside, out, dead = 0, [], False
         for lex in alt:
             inside += (lex in _OPENS) - (lex in _CLOSES)
+            m = _REPEAT.fullmatch(lex)
+            if m and level >= SHORT_FROM:
+                low = int(m.group(1))
+                lex = f"{{{low},{min(int(m.group(2)), max(low, SHORT))}}}"
             if lex in system:
                 at = level + inside
                 dead |= at > depth

@@ -123,6 +123,7 @@ def test_every_corpus_answer_is_accepted_from_its_own_declarations(
     "aLog[0] := ABS(ABS(ABS((rLevel))));",
     "aLog[ABS(ABS(ABS(i)))] := SQRT(ABS(rLevel - (rLevel * 2.0)));",
     "i := LEN('" + "x" * 80 + "');",
+    "aLog[0] := ABS(ABS(rLevel + rLevel + rLevel)) + MAX(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0);",
     "IF rLevel < 20.0 AND NOT bDrainOpen THEN\n    bValve := TRUE;\nELSIF rLevel > 80.0 "
     "THEN\n    bValve := FALSE;\nEND_IF;",
     "tmrFill(IN := bValve, PT := T#30s);\n// fill timeout\nIF tmrFill.Q THEN bValve := "
@@ -179,7 +180,8 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
             "a REAL as a CASE selector", "a REAL converted as an integer",
             "durations multiplied", "a number added to a duration",
             "NOT before a comparison", "a REAL in MOD", "a literal past a PLC's digits",
-            "nesting past four", "a string past 80 characters"}
+            "nesting past four", "a string past 80 characters", "a long chain two deep",
+            "a call of nine arguments"}
 
 
 @pytest.mark.parametrize(("body", "why"), [
@@ -240,6 +242,10 @@ STRICTER = {"a block comment over lines", "an FB instance as a value",
     ("aLog[ABS(ABS(ABS(ABS(i))))] := 1.0;", "nesting past four"),
     ("bValve := (((((bDrainOpen)))));", "nesting past four"),
     ("i := LEN('" + "x" * 81 + "');", "a string past 80 characters"),
+    ("CASE i OF 1..1000100010001: bValve := TRUE; END_CASE;", "a literal past a PLC's digits"),
+    ("aLog[0] := ABS(ABS(rLevel + rLevel + rLevel + rLevel));", "a long chain two deep"),
+    ("aLog[0] := MAX(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0);",
+     "a call of nine arguments"),
 ])
 def test_broken_bodies_cannot_be_generated(
         tokenizer: llguidance.LLTokenizer, body: str, why: str) -> None:

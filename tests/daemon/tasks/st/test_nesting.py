@@ -41,6 +41,14 @@ def test_an_expression_nests_to_the_bound_and_no_deeper(
     assert _accepts(tokenizer, leveled(SUMS, {"e"}, depth=4), text) == (deep <= 4)
 
 
+def test_a_repetition_is_shorter_from_two_deep(tokenizer: llguidance.LLTokenizer) -> None:
+    chains = SUMS.replace("e: a (OP a)*", "e: a (OP a){0,5}")
+    short = leveled(chains, {"e"}, depth=4)
+    for text, ok in (("x+x+x+x+x+x;", True), ("(x+x+x+x+x+x);", True), ("((x+1+2));", True),
+                     ("((x+1+2+x));", False), ("F((x+x+x+x));", False)):
+        assert _accepts(tokenizer, short, text) is ok, text
+
+
 def test_what_the_system_uses_and_what_uses_it_stay_one_rule() -> None:
     text = leveled(SUMS, {"e"}, depth=2)
     rules = {line.split(":")[0] for line in text.splitlines() if ":" in line}
