@@ -1,9 +1,10 @@
 """A Lark grammar's expressions bounded in how deep they nest: each rule of the expression
 system is written once per level (``nexpr``, ``nexpr_d1``, ... ``nexpr_d4``); what a rule
 takes inside a ``"("`` or ``"["`` it writes is one level deeper, and at the last level no
-alternative that opens one is left; from ``SHORT_FROM`` on, its repetitions are shorter. ``SQRT(ABS(x - (y * 2.0)))`` nests three deep; a model
-that opens ``ROL(10 - (INT_TO_DINT(ROL(...`` without end has to close at the bound, as it
-has to end an expression after six operands.
+alternative that opens one is left; from ``SHORT_FROM`` on, its repetitions are shorter.
+``SQRT(ABS(x - (y * 2.0)))`` nests three deep; a model that opens
+``ROL(10 - (INT_TO_DINT(ROL(...`` without end has to close at the bound, as it has to end
+an expression after six operands.
 
 The expression system is the rules on a cycle with the roots (``bexpr``, ``nexpr``, ...):
 what they use and that uses nothing of them (a variable's name, ``number``, ``sp``) is one
