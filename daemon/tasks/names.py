@@ -34,12 +34,10 @@ class Closers:
     def __init__(self, token_texts: Sequence[str]) -> None:
         self.by_prefix: dict[str, list[int]] = {}
         self.by_quoted: dict[str, list[int]] = {}
-        self.quotes: list[int] = []   # every token that carries a quote
         for tid, text in enumerate(token_texts):
             cut = text.find(QUOTE)
             if cut < 0:
                 continue
-            self.quotes.append(tid)
             self.by_prefix.setdefault(text[:cut].upper(), []).append(tid)
             end = text.find(QUOTE, 1) if cut == 0 else -1
             if end > 0:

@@ -22,7 +22,6 @@ from rung.daemon.tasks import shaping
 from rung.daemon.tasks.drive import Drive, drive_all
 from rung.daemon.tasks.names import Closers, NameGuard
 from rung.daemon.tasks.task import Task, TaskError
-from rung.daemon.tasks.unfinished import OpenGuard
 from rung.daemon.tasks.validate import validate_output
 from rung.engines import AnyEngine
 from rung.engines.drafts import inexact
@@ -205,7 +204,7 @@ class TaskRunner:
         grammar = (self.grammars[task.name] if shape.schema is task.output_schema
                    else self.compiler.compile(shape.schema))
         constraint = self.compiler.constraint(grammar)
-        if shape.restage is not None or shape.names is not None or shape.unfinished:
+        if shape.restage is not None or shape.names is not None:
             self._follow(constraint, shape)
         # the last token of the computed start is left to the model (token healing): the
         # text after it is forced by the grammar anyway, and the model picks the tokens it
@@ -268,16 +267,13 @@ class TaskRunner:
         return prompt_len + need <= self.engine.manifest.dims.max_seq
 
     def _follow(self, constraint: Constraint, shape: shaping.Shape) -> None:
-        """Hook a shape's restage and guards onto ``constraint``: each token is read by
+        """Hook a shape's restage and name guard onto ``constraint``: each token is read by
         its own text; the answer's whole text is decoded only when one of them asks (the
-        restage after a token carrying ``shape.restage_at``, the name guard after a quote
-        or a colon, the open guard after a quote until its string opens); a stage the
-        answer is already in is not applied again."""
+        restage after a token carrying ``shape.restage_at``, the guard after a quote or a
+        colon); a stage the answer is already in is not applied again."""
         restage, at = shape.restage, shape.restage_at
         guard = (NameGuard(self._closers(), shape.names) if shape.names is not None
                  else None)
-        held = (OpenGuard(self._closers().quotes, *shape.unfinished)
-                if shape.unfinished is not None else None)
         applied: list[dict[str, Any] | Lark] = []
         texts = self.tokenizer.token_texts()
 
@@ -292,8 +288,6 @@ class TaskRunner:
 
             if guard is not None:
                 guard.seen(last, text)
-            if held is not None:
-                held.seen(last, text)
             if restage is None or at not in last:
                 return None
             spec = restage(text())
@@ -304,11 +298,8 @@ class TaskRunner:
                     else self.compiler.compile(spec))
 
         constraint.restage = on_tokens
-        refusing = [g.refused for g in (guard, held) if g is not None]
-        if len(refusing) == 1:
-            constraint.refuse = refusing[0]
-        elif refusing:
-            constraint.refuse = lambda: [t for r in refusing for t in r()]
+        if guard is not None:
+            constraint.refuse = guard.refused
 
     def _closers(self) -> Closers:
         if self._closer_table is None:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rung.daemon.tasks.names import NamesAt
-from rung.daemon.tasks.unfinished import Unfinished
 from rung.engines.grammar import Lark
 
 Schema = dict[str, Any]
@@ -41,9 +40,6 @@ class Shape:
     # names the answer declares that must be new (``names.NameGuard``): at such a name,
     # what of it is written and the names it may not be
     names: NamesAt | None = None
-    # a string the answer may not close yet (``unfinished.OpenGuard``): the mark that
-    # opens it, and whether what is written of it may close
-    unfinished: tuple[str, Unfinished] | None = None
 
 
 def compact(value: Any) -> str:

@@ -1,15 +1,12 @@
 """An ST request's output shape (``shaping.Shape``): the POU's type and name as the request
 fixes them (or code chooses them), each variable's name new and its initial value a literal
 of its type, the answer's start written by code where the request states an interface or
-values, the body under the ST grammar over the declarations just written
-(``grammar``), and kept open while it does not use a value the request states
-(``unfinished``)."""
+values, and the body under the ST grammar over the declarations just written
+(``grammar``)."""
 
 from __future__ import annotations
 
 import copy
-import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +14,6 @@ import jsonschema
 
 from rung.daemon.tasks.shaping import Schema, Shape, compact
 from rung.daemon.tasks.st import grammar, request
-from rung.daemon.tasks.unfinished import Unfinished
 from rung.engines.grammar import Lark
 
 # the variables an answer may declare beyond the stated interface and the setpoints (the
@@ -82,40 +78,7 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
         return None if body is None else Lark(body)
 
     # asked at each bracket: the body's grammar from the one that closes the declarations
-    unused = _unused(data)
-    return Shape(s, prefix, restage=restage, restage_at="]", names=grammar.names_at,
-                 unfinished=None if unused is None else (grammar.BODY_MARK, unused))
-
-
-def _unused(data: Mapping[str, Any]) -> Unfinished | None:
-    """(the answer up to its body, the body so far) -> whether the body leaves a value the
-    request states unused, as the ``relevance`` check judges it (``request.values_used``:
-    the value written, or a variable declared with it read); None: nothing stated."""
-    stated = request.read(data)
-    if not stated.with_units:
-        return None
-    heads: dict[str, dict[str, Any]] = {}
-
-    def unused(head: str, written: str) -> bool:
-        if head not in heads:
-            found = grammar.head_pou(head)
-            heads.clear()
-            heads[head] = found[1] if found is not None else {}
-        pou = {**heads[head], "body": _unescaped(written)}
-        return not request.values_used(stated, pou)["ok"]
-
-    return unused
-
-
-_PARTIAL_ESCAPE = re.compile(r"\\(?:u[0-9A-Fa-f]{0,3})?$")
-
-
-def _unescaped(written: str) -> str:
-    """A JSON string's text so far, as ST (an escape cut off at its end left out)."""
-    try:
-        return str(json.loads(f'"{_PARTIAL_ESCAPE.sub("", written)}"'))
-    except ValueError:
-        return written.replace("\\n", "\n")
+    return Shape(s, prefix, restage=restage, restage_at="]", names=grammar.names_at)
 
 
 def _prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[str, str]]]:

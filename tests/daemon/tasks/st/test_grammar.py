@@ -581,10 +581,8 @@ def test_no_restage_refuses_what_a_random_walk_wrote(runner: TaskRunner) -> None
 
 
 def _depth(body: str) -> int:
-    """How deep a body's parentheses and brackets nest (outside strings and comments, a
-    walk's last one left open included)."""
-    code = re.sub(r"'(?:[^'$]|\$.)*(?:'|$)|\(\*.*?(?:\*\)|$)|//[^\n]*", " ",
-                  body.replace("\\n", "\n"), flags=re.S)
+    """How deep a body's parentheses and brackets nest (outside strings and comments)."""
+    code = re.sub(r"'(?:[^'$]|\$.)*'|\(\*.*?\*\)|//[^\n]*", " ", body.replace("\\n", "\n"))
     depth = deepest = 0
     for c in code:
         depth += (c in "([") - (c in ")]")
@@ -609,35 +607,6 @@ def test_a_walk_that_opens_wherever_it_can_closes_at_the_bound(runner: TaskRunne
         body = text.split(st_grammar.BODY_MARK, 1)[1].split('"', 1)[0]   # no " inside
         depths.append(_depth(body))
     assert max(depths) == nesting.MAX_DEPTH, depths
-
-
-def test_the_body_stays_open_until_it_uses_every_stated_value(runner: TaskRunner) -> None:
-    """The hysteresis request states 70, 35 and 95 %: a body that reads two of the
-    setpoints holding them cannot close (no token carrying the closing quote is allowed),
-    one that reads all three can; the answer that closes passes ``relevance``."""
-    own = (',{"section":"VAR_INPUT","name":"rLevel","type":"REAL"}'
-           ',{"section":"VAR_OUTPUT","name":"bPump","type":"BOOL"}'
-           ',{"section":"VAR_OUTPUT","name":"bAlarm","type":"BOOL"}')
-    shape = ST.kind.shape(ST.output_schema, HYSTERESIS)
-    texts = runner.tokenizer.token_texts()
-    quotes = [t for t, x in enumerate(texts) if '"' in x]
-
-    def at(body: str) -> Any:
-        constraint, prefix_ids, _ = runner._shaped(ST, HYSTERESIS)
-        ids = runner.tokenizer.encode(shape.prefix + own + '],"body":"' + body,
-                                      add_bos=False)
-        for t in ids[len(prefix_ids):]:
-            constraint.consume(t)
-        return constraint.allowed()
-
-    two = ("IF rLevel >= rDrainPumpOn THEN\\n  bPump := TRUE;\\nELSIF rLevel <= rOff THEN"
-           "\\n  bPump := FALSE;\\nEND_IF;\\n")
-    assert not at(two)[quotes].any()
-    allowed = at(two + "bAlarm := rLevel >= rHighLevelAlarm;")
-    assert allowed[quotes].any()
-    body = json.loads(f'"{two}bAlarm := rLevel >= rHighLevelAlarm;"')
-    pou = {**json.loads(shape.prefix + own + "]}"), "body": body}
-    assert st_request.values_used(st_request.read(HYSTERESIS), pou)["ok"]
 
 
 def test_a_body_writes_only_the_durations_the_request_states(
