@@ -289,7 +289,7 @@ _INITIAL_TYPES = (*sorted(INTEGER_TYPES), "BOOL", "REAL", "LREAL", "TIME", "LTIM
                   "WSTRING")
 
 
-def _durations(durations: Sequence[str] | None) -> str:
+def _time_pattern(durations: Sequence[str] | None) -> str:
     """The pattern of a TIME literal: with ``durations`` (``request.durations``), only those."""
     if durations is None:
         return rf"(?:T|TIME|LTIME)#-?{_DURATION}"
@@ -306,7 +306,7 @@ def _initial_pattern(kind: str, numbers: Sequence[str] | None,
     if kind == "bool":
         return "^(TRUE|FALSE)$"
     if kind == "time":
-        return f"^{_durations(durations)}$"
+        return f"^{_time_pattern(durations)}$"
     if kind == "string":
         return r"^'[^'$\\\"]{0,80}'$"
     if numbers is None:
@@ -441,7 +441,7 @@ def body_grammar(head: str, pou: Mapping[str, Any], after: Sequence[Member] = ()
              f"HEAD: {_lit(head)}",
              'TAIL: "\\""',
              "tail: " + " ".join(_member(*m) for m in after) + ' "}"',
-             *_number_rule(numbers), f"TIME: /{_durations(durations)}/", *_conversions()]
+             *_number_rule(numbers), f"TIME: /{_time_pattern(durations)}/", *_conversions()]
     for k in _CLASSES:
         if var[k]:
             rules.append(f"{k}var: {_alt(var[k])}")

@@ -69,14 +69,13 @@ def _alternatives(body: str) -> list[Alternative]:
     return alts
 
 
-def _refs(alt: Alternative, rules: Collection[str]) -> list[str]:
-    return [lex for lex in alt if lex in rules]
+def _refs(alts: list[Alternative], rules: Collection[str]) -> set[str]:
+    return {lex for alt in alts for lex in alt if lex in rules}
 
 
-def _cycle(bodies: dict[str, str], roots: Collection[str]) -> set[str]:
+def _cycle(parsed: dict[str, list[Alternative]], roots: Collection[str]) -> set[str]:
     """The rules reachable from ``roots`` that reach back to them."""
-    refs = {n: set(_refs([x for a in _alternatives(b) for x in a], bodies))
-            for n, b in bodies.items()}
+    refs = {n: _refs(alts, parsed) for n, alts in parsed.items()}
 
     def reach(start: Collection[str], edges: dict[str, set[str]]) -> set[str]:
         seen, todo = set(start), list(start)
@@ -91,7 +90,7 @@ def _cycle(bodies: dict[str, str], roots: Collection[str]) -> set[str]:
     for n, ms in refs.items():
         for m in ms:
             back.setdefault(m, set()).add(n)
-    roots = [r for r in roots if r in bodies]
+    roots = [r for r in roots if r in parsed]
     return reach(roots, refs) & reach(roots, back)
 
 
@@ -99,12 +98,13 @@ def _name(rule: str, level: int) -> str:
     return rule if level == 0 else f"{rule}_d{level}"
 
 
-def _at(body: str, level: int, system: Collection[str], depth: int) -> list[Alternative]:
+def _at(alternatives: list[Alternative], level: int, system: Collection[str],
+        depth: int) -> list[Alternative]:
     """A rule's alternatives at ``level``: each name of the system at the level it stands at
     (one deeper inside each bracket the alternative writes), those that would go past
     ``depth`` left out."""
     alts = []
-    for alt in _alternatives(body):
+    for alt in alternatives:
         inside, out, dead = 0, [], False
         for lex in alt:
             inside += (lex in _OPENS) - (lex in _CLOSES)
@@ -126,9 +126,10 @@ def leveled(text: str, roots: Collection[str], depth: int = MAX_DEPTH) -> str:
     """``text`` (a Lark grammar) with the expression system of ``roots`` nesting at most
     ``depth`` parentheses or brackets deep."""
     lines, bodies = _rules(text)
-    system = _cycle(bodies, roots)
+    parsed = {n: _alternatives(b) for n, b in bodies.items()}
+    system = _cycle(parsed, roots)
     # (rule, level) -> its alternatives there, each lexeme a name at its level
-    table = {(rule, level): _at(bodies[rule], level, system, depth)
+    table = {(rule, level): _at(parsed[rule], level, system, depth)
              for rule in system for level in range(depth + 1)}
     names = {_name(r, lv): (r, lv) for r, lv in table}
     alive: set[str] = set()
@@ -142,11 +143,14 @@ def leveled(text: str, roots: Collection[str], depth: int = MAX_DEPTH) -> str:
                 changed = True
     if any(r not in alive for r in system):
         return text
+
+    def living(alts: list[Alternative]) -> list[Alternative]:
+        return [a for a in alts if all(x not in names or x in alive for x in a)]
+
     # what uses the system from outside takes it at level 0, one deeper inside a bracket
     # it writes (an assignment's target ``aLog[...]``)
-    users = {rule: _at(body, 0, system, depth) for rule, body in bodies.items()
-             if rule not in system and _refs([x for a in _alternatives(body) for x in a],
-                                             system)}
+    users = {rule: living(_at(alts, 0, system, depth)) for rule, alts in parsed.items()
+             if rule not in system and _refs(alts, system)}
     emitted: dict[str, str] = {}
     todo = sorted({*system, *(x for alts in users.values() for a in alts for x in a
                               if x in names)})
@@ -154,7 +158,7 @@ def leveled(text: str, roots: Collection[str], depth: int = MAX_DEPTH) -> str:
         n = todo.pop()
         if n in emitted:
             continue
-        alts = [a for a in table[names[n]] if all(x not in names or x in alive for x in a)]
+        alts = living(table[names[n]])
         emitted[n] = " | ".join("".join(a).strip() for a in alts)
         todo += [x for a in alts for x in a if x in names and x not in emitted]
     out = []

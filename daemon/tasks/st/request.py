@@ -6,8 +6,8 @@ The answer is then held to it twice:
 
 - while it is written, the ST grammar offers only these values as the numbers it may write
   (beside small integers and unit conversions; ``literals``), so a POU cannot invent a
-  setpoint the request did not give (durations stay free in the grammar: ``T#1m30s`` is
-  written many ways; the check holds them to the request);
+  setpoint the request did not give, and only its durations in the ways they are written
+  (``T#1m30s``, ``T#90s``; ``durations``);
 - when it is checked (``check``), every value stated with a unit appears in the POU (a
   TIME literal of the same duration, or the number; a percentage also as a fraction), each
   building block the request needs is declared and called, and no VAR_INPUT is assigned —
@@ -195,21 +195,15 @@ _DURATION_UNITS = (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms"
 def _duration_forms(seconds: float) -> list[str]:
     """TIME literal texts after the ``T#`` of one duration: in each unit it is a whole
     number of, or a fraction of at least 0.1 with three places at most (``90s``, ``1.5m``,
-    ``90000ms``), its parts largest first
-    (``1m30s``), units in either case."""
+    ``90000ms``), its parts largest first as code writes a setpoint (``1m30s``:
+    ``time_literal``), units in either case."""
     out = []
     for unit, size in _DURATION_UNITS:
         q = round(seconds / size, 3)
         if abs(q * size - seconds) < 1e-9 and q < 1e6 and (
                 q == int(q) or (unit != "ms" and q >= 0.1)):
             out.append(f"{int(q)}{unit}" if q == int(q) else f"{q:.3f}".rstrip("0") + unit)
-    rest, parts = round(seconds * 1000), []
-    for unit, size in _DURATION_UNITS:
-        n, rest = divmod(rest, round(size * 1000))
-        if n:
-            parts.append(f"{n}{unit}")
-    if len(parts) > 1:
-        out.append("".join(parts))
+    out.append(time_literal(seconds).removeprefix("T#"))
     return _unique([*out, *(f.upper() for f in out)])
 
 

@@ -50,8 +50,8 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
     if not _free_text(item_props.get("name")):
         return Shape(s)
     # the numbers and durations the request states are the only ones the answer may write
-    numbers = request.literals(request.read(data))
-    durations = request.durations(request.read(data))
+    stated = request.read(data)
+    numbers, durations = request.literals(stated), request.durations(stated)
     if _free_text(item_props.get("initial")):   # a literal of its type, not free text
         variables["items"] = grammar.typed_item(item, numbers, durations)
     if not _free_text(props.get("body")):

@@ -71,6 +71,11 @@ def test_the_durations_a_pou_may_write() -> None:
     forms = st_request.durations(st_request.read({"description": "stop after 1 min 30 s"}))
     assert {"1m30s", "90s", "1.5m", "90000ms", "1M30S", "0s", "100ms", "1s"} <= set(forms)
     assert not {"3s", "9s", "1m", "30s", "500ms"} & set(forms)
+    # the form code declares a setpoint in is always one of them (25 h 1 min: T#25h1m)
+    for text, seconds in (("after 25 h 1 min", 90060.0), ("every 24 h", 86400.0),
+                          ("for 0.5 s", 0.5), ("1 h 30 min", 5400.0)):
+        forms = st_request.durations(st_request.read({"description": text}))
+        assert st_request.time_literal(seconds).removeprefix("T#") in forms, text
 
 
 def test_a_stated_duration_is_used_as_a_time_of_the_same_length() -> None:
