@@ -316,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--feedback-greedy", dest="feedback_sampled", action="store_false",
                    help="with --retry-mode feedback: sample the feedback tries as the "
                         "request asks (greedy) instead of at the retry temperature")
+    p.add_argument("--retry-temperature", type=float, default=RetryPolicy.temperature,
+                   help="the temperature a greedy request is resampled at (default "
+                        "%(default)s; the config's retries.temperature)")
     p.add_argument("--adapter", type=Path, help="merge this LoRA adapter into the model first "
                    "(rung export --adapter)")
     p.add_argument("--weights", choices=["fp32", "fp16", "int8", "int4"],
@@ -328,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args.model_dir = resolve(args.model_dir)
     opts = ExportOptions(weights=args.weights, adapter=args.adapter)
-    policy = (None if args.retry_mode is None else
-              RetryPolicy(mode=args.retry_mode, form=args.feedback_form,
+    policy = (None if args.retry_mode is None and args.retry_temperature ==
+              RetryPolicy.temperature else
+              RetryPolicy(temperature=args.retry_temperature,
+                          mode=args.retry_mode or RetryPolicy.mode, form=args.feedback_form,
                           feedback_sampled=args.feedback_sampled))
     result = (handwritten(args.model_dir, args.inputs, policy, opts,
                           tuple(t for t in args.tasks.split(",") if t)) if args.inputs

@@ -16,7 +16,10 @@ The adapter is saved every ``save_minutes`` and at the end (``adapter_config.jso
 
 The prompt a sample is trained on is the one ``rung serve`` builds: the task's messages
 through the base's chat template (``TaskRunner.render``), the answer as compact JSON and the
-end-of-turn token.
+end-of-turn token. Where rung writes an answer's start itself (``Kind.shape``: an ST POU's
+type, name, stated interface and setpoints), that start is part of the prompt, tokenized as
+the runner feeds it (all but its last token: the model writes the seam), and the loss falls
+on what the model writes when served, not on text code writes for it.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any
 
 import torch
 
-from rung.daemon.tasks.task import load_tasks
+from rung.daemon.tasks.task import Task, load_tasks
 from rung.engines.tokenizer import Tokenizer, read_tokenizer_spec
 from rung.tools.train import batches, collate
 
@@ -66,7 +69,7 @@ class LoraTrainConfig:
     tasks: tuple[str, ...] = ("st_code", "fault_tree", "st_code", "diagnosis")
 
 
-Encoded = tuple[list[int], int]   # token ids, index where the answer starts
+Encoded = tuple[list[int], int]   # token ids, index where the model's part of the answer starts
 
 
 def end_of_turn(tok: Tokenizer) -> int:
@@ -94,13 +97,26 @@ def encode_all(base_dir: Path, samples: Sequence[dict[str, Any]],
         task = tasks[s["task"]]
         prompt = tok.encode_chat(task.messages(s["input"]), render=render)
         text = json.dumps(s["output"], separators=(",", ":"), ensure_ascii=False)
-        ids = prompt + tok.encode(text, add_bos=False) + [eot]
+        head = served_start(tok, task, s["input"], text)
+        seam = tok.decode(head) if head else ""
+        ids = prompt + head + tok.encode(text[len(seam):], add_bos=False) + [eot]
         if len(ids) > max_seq:
             dropped += 1
             continue
-        out.append((ids, len(prompt)))
+        out.append((ids, len(prompt) + len(head)))
     pad = spec.pad_token_id if spec.pad_token_id is not None else eot
     return out, dropped, pad
+
+
+def served_start(tok: Tokenizer, task: Task, data: Any, text: str) -> list[int]:
+    """The tokens of the answer's start that rung writes for this request, as the runner
+    feeds them (``TaskRunner._shaped``: the computed start but its last token); none where
+    code writes nothing or the answer does not begin with it."""
+    prefix = task.kind.shape(task.output_schema, data).prefix
+    if not prefix or not text.startswith(prefix):
+        return []
+    head = tok.encode(prefix, add_bos=False)[:-1]
+    return head if text.startswith(tok.decode(head)) else []
 
 
 class _Renderer:

@@ -28,23 +28,35 @@ def base() -> Path:
 
 
 def test_answers_are_trained_on_the_served_prompt(base: Path) -> None:
-    """The prompt part is the chat ``rung serve`` encodes; the answer follows it and ends
-    with the end of the turn."""
+    """The prompt part is the chat ``rung serve`` encodes, followed by the answer's start
+    where code writes one (fed as the runner feeds it: all but its last token); the loss
+    starts where the model writes when served, and the answer ends with the end of the
+    turn."""
     from rung.daemon.tasks.runner import TaskRunner
     from rung.daemon.tasks.task import load_tasks
     from rung.engines.tokenizer import Tokenizer, read_tokenizer_spec
 
-    sample = generate(1, seed=4)[0]
-    (ids, start), = encode_all(base, [sample], 4096)[0]
     tok = Tokenizer.load(base, read_tokenizer_spec(base, extra_eos_ids=[]))
-    task = dict(load_tasks())[sample["task"]]
+    tasks = dict(load_tasks())
     runner: Any = Namespace(tokenizer=tok)
-    served = tok.encode_chat(task.messages(sample["input"]),
-                             render=lambda m: TaskRunner.render(runner, m))
-    assert ids[:start] == served
-    assert tok.decode(ids[start:-1]) == json.dumps(sample["output"], separators=(",", ":"),
-                                                   ensure_ascii=False)
-    assert ids[-1] == tok.encode("<|im_end|>", add_bos=False)[0]
+    samples = generate(8, seed=4)
+    encoded, _, _ = encode_all(base, samples, 4096)
+    starts = {}
+    for sample, (ids, start) in zip(samples, encoded, strict=True):
+        task = tasks[sample["task"]]
+        served = tok.encode_chat(task.messages(sample["input"]),
+                                 render=lambda m: TaskRunner.render(runner, m))
+        prefix = task.kind.shape(task.output_schema, sample["input"]).prefix
+        assert ids[:len(served)] == served
+        assert ids[len(served):start] == (tok.encode(prefix, add_bos=False)[:-1]
+                                          if prefix else [])
+        assert tok.decode(ids[len(served):-1]) == json.dumps(
+            sample["output"], separators=(",", ":"), ensure_ascii=False)
+        assert ids[-1] == tok.encode("<|im_end|>", add_bos=False)[0]
+        starts[sample["task"]] = max(starts.get(sample["task"], 0), start - len(served))
+    # an ST POU's declared start and a diagnosis's computed states are code's, not trained
+    # on; a fault tree is the model's from its first token
+    assert starts["st_code"] > 0 and starts["diagnosis"] > 0 and starts["fault_tree"] == 0
 
 
 def test_a_few_steps_lower_the_loss_and_the_adapter_exports(base: Path, tmp_path: Path) -> None:
