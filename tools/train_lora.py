@@ -97,8 +97,7 @@ def encode_all(base_dir: Path, samples: Sequence[dict[str, Any]],
         task = tasks[s["task"]]
         prompt = tok.encode_chat(task.messages(s["input"]), render=render)
         text = json.dumps(s["output"], separators=(",", ":"), ensure_ascii=False)
-        head = served_start(tok, task, s["input"], text)
-        seam = tok.decode(head) if head else ""
+        head, seam = served_start(tok, task, s["input"], text)
         ids = prompt + head + tok.encode(text[len(seam):], add_bos=False) + [eot]
         if len(ids) > max_seq:
             dropped += 1
@@ -108,15 +107,20 @@ def encode_all(base_dir: Path, samples: Sequence[dict[str, Any]],
     return out, dropped, pad
 
 
-def served_start(tok: Tokenizer, task: Task, data: Any, text: str) -> list[int]:
-    """The tokens of the answer's start that rung writes for this request, as the runner
-    feeds them (``TaskRunner._shaped``: the computed start but its last token); none where
-    code writes nothing or the answer does not begin with it."""
+def served_start(tok: Tokenizer, task: Task, data: Any, text: str) -> tuple[list[int], str]:
+    """The tokens of the answer's start that rung writes for this request as the runner
+    feeds them (``runner.fed_start``), and their text; none where code writes nothing or
+    the answer does not begin with it."""
+    from rung.daemon.tasks.runner import fed_start
+    from rung.engines.grammar import GrammarError
+
     prefix = task.kind.shape(task.output_schema, data).prefix
     if not prefix or not text.startswith(prefix):
-        return []
-    head = tok.encode(prefix, add_bos=False)[:-1]
-    return head if text.startswith(tok.decode(head)) else []
+        return [], ""
+    try:
+        return fed_start(tok, prefix)
+    except GrammarError:
+        return [], ""
 
 
 class _Renderer:

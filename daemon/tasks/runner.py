@@ -206,16 +206,9 @@ class TaskRunner:
         constraint = self.compiler.constraint(grammar)
         if shape.restage is not None or shape.names is not None:
             self._follow(constraint, shape)
-        # the last token of the computed start is left to the model (token healing): the
-        # text after it is forced by the grammar anyway, and the model picks the tokens it
-        # would have written at that seam
-        prefix_ids = self.tokenizer.encode(shape.prefix, add_bos=False)[:-1]
+        prefix_ids, prefix = fed_start(self.tokenizer, shape.prefix)
         for tok in prefix_ids:
             constraint.consume(tok)
-        prefix = self.tokenizer.decode(prefix_ids)
-        if not shape.prefix.startswith(prefix):
-            raise GrammarError(f"the answer's computed start does not round-trip through "
-                               f"the tokenizer ({prefix[:40]!r})")
         return constraint, prefix_ids, prefix
 
     def retry(self, prepared: Prepared, policy: RetryPolicy, failed: Answer) -> Prepared:
@@ -397,6 +390,19 @@ class TaskRunner:
         return Answer(_request(task.name, data), ok, None if ok else "invalid_output",
                       "" if ok else _first_error(validation), output, validation,
                       generation=gen)
+
+
+def fed_start(tokenizer: Tokenizer, start: str) -> tuple[list[int], str]:
+    """The tokens of an answer's computed start as the runner feeds them, and their text:
+    all but the last token, which is left to the model (token healing: the text after it
+    is forced by the grammar anyway, and the model picks the tokens it would have written
+    at that seam). GrammarError where they do not decode to a start of ``start``."""
+    ids = tokenizer.encode(start, add_bos=False)[:-1]
+    text = tokenizer.decode(ids)
+    if not start.startswith(text):
+        raise GrammarError(f"the answer's computed start does not round-trip through "
+                           f"the tokenizer ({text[:40]!r})")
+    return ids, text
 
 
 def fast_decoding(decode: str, engine: AnyEngine, key: str = "engine.decode") -> bool:
