@@ -334,14 +334,21 @@ _SECTIONS = {"var_input": "VAR_INPUT", "input": "VAR_INPUT", "inputs": "VAR_INPU
              "var_in_out": "VAR_IN_OUT", "in/out": "VAR_IN_OUT"}
 _TYPES = ("BOOL|BYTE|WORD|DWORD|SINT|INT|DINT|LINT|USINT|UINT|UDINT|ULINT|REAL|LREAL|TIME|"
           "STRING")
-_DECL = re.compile(rf"(?<![\w.])([A-Za-z_][A-Za-z0-9_]{{0,62}})\s*:\s*({_TYPES})\b"
+_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
+# one declaration: a name, or names in a list as IEC 61131-3 writes them (``bOk1, bOk2 :
+# BOOL``), then the type (``: BOOL``, or ``(all BOOL, ...)`` after a list), then an initial
+# value where one is given
+_TYPE_NAMES = frozenset(_TYPES.split("|"))
+_DECL = re.compile(rf"(?<![\w.])((?:{_NAME}\s*,\s*)*{_NAME})"
+                   rf"(?:\s*:\s*({_TYPES})|\s*\(\s*all\s+({_TYPES}))\b"
                    r"(?:\s+with\s+initial\s+value\s+(-?\d+(?:\.\d+)?|TRUE|FALSE))?", re.I)
 
 
 def interface(data: Mapping[str, Any]) -> list[dict[str, str]]:
     """The variables a request's constraints declare, in order (``VAR_INPUT rLevel :
-    REAL``, ``inputs: a : BOOL, b : REAL (...)``, ``VAR_OUTPUT q : BOOL``; an ``initial``
-    from ``with initial value 500``): code knows them, so the answer starts with them.
+    REAL``, ``inputs: a : BOOL, b : REAL (...)``, ``VAR_OUTPUT q : BOOL``, lists of names
+    of one type: ``VAR_INPUT bOk1, bOk2 : BOOL``, ``inputs a, b (all BOOL, ...)``; an
+    ``initial`` from ``with initial value 500``): code knows them, so the answer starts with them.
     Names the request repeats are declared once."""
     out: list[dict[str, str]] = []
     seen: set[str] = set()
@@ -350,14 +357,15 @@ def interface(data: Mapping[str, Any]) -> list[dict[str, str]]:
         if m is None:
             continue
         section = _SECTIONS[m.group(1).lower()]
-        for name, vtype, initial in _DECL.findall(str(c)[m.end():]):
-            if name.upper() in seen:
-                continue
-            seen.add(name.upper())
-            v = {"section": section, "name": name, "type": vtype.upper()}
-            if initial:
-                v["initial"] = initial.upper() if initial.isalpha() else initial
-            out.append(v)
+        for names, vtype, listed, initial in _DECL.findall(str(c)[m.end():]):
+            for name in re.split(r"\s*,\s*", names):
+                if name.upper() in seen or name.upper() in _TYPE_NAMES:
+                    continue
+                seen.add(name.upper())
+                v = {"section": section, "name": name, "type": (vtype or listed).upper()}
+                if initial:
+                    v["initial"] = initial.upper() if initial.isalpha() else initial
+                out.append(v)
     return out
 
 

@@ -171,6 +171,21 @@ def test_the_interface_a_request_states_is_written_by_code() -> None:
     assert st.kind.shape(st.output_schema, {"description": "x"}).prefix == ""
 
 
+def test_a_list_of_names_of_one_type_declares_each_of_them() -> None:
+    """``bOk1, bOk2 : BOOL`` (as IEC 61131-3 writes a list) and ``a, b (all BOOL, ...)``
+    declare every name in the list, not only the one next to the type."""
+    data = {"description": "First-out of four trips.", "name": "FB_FirstOut",
+            "pou_type": "FUNCTION_BLOCK",
+            "constraints": ["VAR_INPUT bOk1, bOk2, bOk3 : BOOL (TRUE = healthy)",
+                            "inputs bReset, bLampTest (all BOOL, TRUE = pressed)",
+                            "VAR_OUTPUT iFirstOut : INT, bHorn, bLamp : BOOL (alarm)"]}
+    assert [(v["section"], v["name"], v["type"]) for v in st_request.interface(data)] == [
+        ("VAR_INPUT", "bOk1", "BOOL"), ("VAR_INPUT", "bOk2", "BOOL"),
+        ("VAR_INPUT", "bOk3", "BOOL"), ("VAR_INPUT", "bReset", "BOOL"),
+        ("VAR_INPUT", "bLampTest", "BOOL"), ("VAR_OUTPUT", "iFirstOut", "INT"),
+        ("VAR_OUTPUT", "bHorn", "BOOL"), ("VAR_OUTPUT", "bLamp", "BOOL")]
+
+
 def test_a_value_counts_as_used_only_where_the_body_reads_it() -> None:
     """A setpoint declared with the stated value and never read does nothing: the finding
     was a POU that declared thresholds and compared the level with something else."""
