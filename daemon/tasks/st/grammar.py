@@ -132,10 +132,11 @@ nunary: natom | "-" sp? natom
 IARITH: /[-+*\/]/
 iexpr: iunary (sp? IARITH sp? iunary | sp "MOD" sp iunary){{0,5}}
 iunary: iatom | "-" sp? iatom
-iargs: iexpr (sp? "," sp? iexpr){{0,7}}
+# the arguments of an extensible function (ADD, MUL, MAX, MIN, GT ...): two to eight
+iargs: iexpr (sp? "," sp? iexpr){{1,7}}
 rexpr: (nunary nop){{0,2}} runary (nop nunary){{0,3}}
 runary: ratom | "-" sp? ratom
-rfunc: rfname sp? "(" sp? nexpr sp? ")" | ("ATAN2" | "EXPT") sp? "(" sp? nargs sp? ")"
+rfunc: rfname sp? "(" sp? nexpr sp? ")" | ("ATAN2" | "EXPT") sp? "(" sp? nargs2 sp? ")"
     | "ABS" sp? "(" sp? rexpr sp? ")" | rconv
 nop: sp? ARITH sp?
 lexpr: (nunary nop){{0,2}} lunary (nop nunary){{0,3}}
@@ -144,10 +145,15 @@ TSUM: /[-+]/
 TSCALE: /[*\/]/
 texpr: tunary (sp? TSUM sp? tunary | sp? TSCALE sp? natom){{0,3}}
 tunary: tatom | "-" sp? tatom
-nargs: nexpr (sp? "," sp? nexpr){{0,7}}
-targs: texpr (sp? "," sp? texpr){{0,7}}
+nargs: nexpr (sp? "," sp? nexpr){{1,7}}
+targs: texpr (sp? "," sp? texpr){{1,7}}
+# a fixed number of arguments, as the function takes them (IEC 61131-3 Tables 22-29)
+nargs2: nexpr sp? "," sp? nexpr
+nargs3: nexpr sp? "," sp? nexpr sp? "," sp? nexpr
 anyexpr: bexpr | nexpr | texpr | sexpr
-nfunc: nfname sp? "(" sp? nargs sp? ")" | minmax sp? "(" sp? nargs sp? ")"
+nfunc: nfname1 sp? "(" sp? nexpr sp? ")" | nfname2 sp? "(" sp? nargs2 sp? ")"
+    | ("ADD" | "MUL") sp? "(" sp? nargs sp? ")" | minmax sp? "(" sp? nargs sp? ")"
+    | "LIMIT" sp? "(" sp? nargs3 sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? nexpr sp? "," sp? nexpr sp? ")"
     | "MUX" sp? "(" sp? iexpr (sp? "," sp? nexpr){{1,8}} sp? ")"
     | "LEN" sp? "(" sp? sexpr sp? ")" | "FIND" sp? "(" sp? sexpr sp? "," sp? sexpr sp? ")"
@@ -159,15 +165,18 @@ ibits: "MOD" | "SHL" | "SHR" | "ROL" | "ROR"
 nconv: iconv | rconv
 ifunc: ifname1 sp? "(" sp? iexpr sp? ")" | ifname2 sp? "(" sp? iexpr sp? "," sp? iexpr sp? ")"
     | ("ADD" | "MUL") sp? "(" sp? iargs sp? ")" | minmax sp? "(" sp? iargs sp? ")"
+    | "LIMIT" sp? "(" sp? iexpr sp? "," sp? iexpr sp? "," sp? iexpr sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? iexpr sp? "," sp? iexpr sp? ")"
     | "MUX" sp? "(" sp? iexpr (sp? "," sp? iexpr){{1,8}} sp? ")"
     | "LEN" sp? "(" sp? sexpr sp? ")" | "FIND" sp? "(" sp? sexpr sp? "," sp? sexpr sp? ")"
     | ("TRUNC" | "ROUND") sp? "(" sp? rexpr sp? ")" | iconv
 tfunc: minmax sp? "(" sp? targs sp? ")"
+    | "LIMIT" sp? "(" sp? texpr sp? "," sp? texpr sp? "," sp? texpr sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? texpr sp? "," sp? texpr sp? ")"
     | tfname sp? "(" sp? texpr sp? "," sp? texpr sp? ")"
     | tscale sp? "(" sp? texpr sp? "," sp? nexpr sp? ")" | tconv
-bfunc: bcmp sp? "(" sp? nargs sp? ")" | blogic sp? "(" sp? bexpr (sp? "," sp? bexpr){{0,7}} sp? ")"
+bfunc: bcmp sp? "(" sp? nargs sp? ")" | "NE" sp? "(" sp? nargs2 sp? ")"
+    | blogic sp? "(" sp? bexpr (sp? "," sp? bexpr){{1,7}} sp? ")"
     | "SEL" sp? "(" sp? bexpr sp? "," sp? bexpr sp? "," sp? bexpr sp? ")"
     | bconv
 sfunc: sfname1 sp? "(" sp? sexpr sp? "," sp? iexpr sp? ")"
@@ -176,18 +185,19 @@ sfunc: sfname1 sp? "(" sp? sexpr sp? "," sp? iexpr sp? ")"
     | "INSERT" sp? "(" sp? sexpr sp? "," sp? sexpr sp? "," sp? iexpr sp? ")"
     | "REPLACE" sp? "(" sp? sexpr sp? "," sp? sexpr sp? "," sp? iexpr sp? "," sp? iexpr sp? ")"
     | sconv
-nfname: "ABS" | "SQRT" | "LN" | "LOG" | "EXP" | "SIN" | "COS" | "TAN" | "ASIN" | "ACOS"
-    | "ATAN" | "ATAN2" | "EXPT" | "ADD" | "SUB" | "MUL" | "DIV" | "MOVE"
+nfname1: "ABS" | "SQRT" | "LN" | "LOG" | "EXP" | "SIN" | "COS" | "TAN" | "ASIN" | "ACOS"
+    | "ATAN" | "MOVE"
+nfname2: "ATAN2" | "EXPT" | "SUB" | "DIV"
 # the functions whose result is a real number whatever their arguments
 rfname: "SQRT" | "LN" | "LOG" | "EXP" | "SIN" | "COS" | "TAN" | "ASIN" | "ACOS" | "ATAN"
-minmax: "MAX" | "MIN" | "LIMIT"
+minmax: "MAX" | "MIN"
 tfname: "ADD_TIME" | "SUB_TIME"
 tscale: "MUL_TIME" | "DIV_TIME"
 # the functions whose result is an integer where their arguments are (IEC 61131-3 Tables 22-29)
 ifname1: "ABS" | "MOVE"
 ifname2: "SUB" | "DIV" | ibits
-bcmp: "GT" | "GE" | "EQ" | "LE" | "LT" | "NE"
-blogic: "AND" | "OR" | "XOR" | "NOT"
+bcmp: "GT" | "GE" | "EQ" | "LE" | "LT"
+blogic: "AND" | "OR" | "XOR"
 # the string functions by their arguments (IEC 61131-3 Table 29): LEFT(IN, L), MID(IN, L, P)
 sfname1: "LEFT" | "RIGHT"
 sfname2: "MID" | "DELETE"

@@ -254,6 +254,30 @@ def test_broken_bodies_cannot_be_generated(
     assert not (v["st_syntax"]["ok"] and v["identifiers"]["ok"]) or why in STRICTER, (why, v)
 
 
+@pytest.mark.parametrize(("right", "wrong"), [
+    ("aLog[0] := LIMIT(0.0, rLevel, 100.0);", "aLog[0] := LIMIT(0.0, rLevel);"),
+    ("i := LIMIT(0, i, 9);", "i := LIMIT(i, 9);"),
+    ("aLog[0] := SQRT(rLevel);", "aLog[0] := SQRT(rLevel, 2.0);"),
+    ("aLog[0] := EXPT(rLevel, 2.0);", "aLog[0] := EXPT(rLevel);"),
+    ("aLog[0] := MAX(rLevel, 1.0);", "aLog[0] := MAX(rLevel);"),
+    ("bValve := GT(rLevel, 1.0, aLog[0]);", "bValve := GT(rLevel);"),
+    ("bValve := NE(rLevel, 1.0);", "bValve := NE(rLevel, 1.0, 2.0);"),
+    ("bValve := AND(bValve, bDrainOpen);", "bValve := AND(bValve);"),
+    ("bValve := NOT(bDrainOpen);", "bValve := NOT(bValve, bDrainOpen);"),
+])
+def test_a_call_takes_the_arguments_its_function_takes(
+        tokenizer: llguidance.LLTokenizer, right: str, wrong: str) -> None:
+    """The grammar offers each standard function with the number of arguments the
+    interpreter runs it with (``LIMIT(MN, IN, MX)``; ``SQRT`` one; ``MAX``, ``GT``, ``AND``
+    two or more): a call the POU could not run is not written (the adapter wrote
+    ``LIMIT(x, y)``, which fails every test vector)."""
+    assert _accepts(tokenizer, _body_grammar(), _with_body(right)), right
+    Program({**POU, "body": right})
+    assert not _accepts(tokenizer, _body_grammar(), _with_body(wrong)), wrong
+    with pytest.raises(StExecError, match="takes|syntax error"):
+        Program({**POU, "body": wrong})
+
+
 def test_a_function_assigns_its_own_name(tokenizer: llguidance.LLTokenizer) -> None:
     fn = {"pou_type": "FUNCTION", "name": "FC_Clamp", "return_type": "REAL", "variables": [
         {"section": "VAR_INPUT", "name": "x", "type": "REAL"}]}
@@ -298,7 +322,8 @@ def test_what_the_grammar_writes_is_stored_as_declared(
         try:
             Program(answer)
         except StExecError as e:
-            if re.search(r"cannot store|converts|truncates|ROUND needs|K must be", str(e)):
+            if re.search(r"cannot store|converts|truncates|ROUND needs|K must be|takes",
+                         str(e)):
                 refused.append(f"{e}: {answer['body']}")
     assert closed >= 15
     assert not refused, refused
