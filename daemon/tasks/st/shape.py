@@ -61,6 +61,12 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
                   for k in keys[keys.index("body") + 1:]]
 
     prefix, setpoints = _prefix(s, data)
+    if prefix and _free_text(item_props.get("initial")):
+        # past what code declared, the model's own variables: none holds a value a setpoint
+        # holds, nor says it was stated (a copy beside the setpoint, read in its place)
+        written = len(request.interface(data)) + len(setpoints)
+        variables["prefixItems"] = [variables["items"]] * written
+        variables["items"] = _own_item(item, numbers, durations, setpoints)
     # the setpoints code declared hold the request's values: the body reads them, never
     # assigns them
     fixed = [v["name"] for v in setpoints]
@@ -110,6 +116,28 @@ def _prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[str
             head = compact({"pou_type": chosen[0], "name": chosen[1], "variables": declared})
             return head[:-2], held   # open: the list goes on ("]" or ",{"), the object too
     return "", []
+
+
+# a comment that does not start with "stated" (the mark of a setpoint code declares)
+_NOT_STATED = (r"^([^s].*|s([^t].*)?|st([^a].*)?|sta([^t].*)?|stat([^e].*)?|state([^d].*)?"
+               r"|stated[^:].*)?$")
+
+
+def _own_item(item: Mapping[str, Any], numbers: list[str], durations: list[str],
+              setpoints: list[dict[str, str]]) -> dict[str, Any]:
+    """A variable the model declares after code's: its initial value a literal of its type
+    that no setpoint holds, its comment not one that says the value was stated."""
+    held = {float(v["initial"]) for v in setpoints if v["type"] != "TIME"}
+    seconds = {round(request.time_seconds(v["initial"]), 6) for v in setpoints
+               if v["type"] == "TIME"}
+    own = grammar.typed_item(
+        item, [n for n in numbers if float(n) not in held],
+        [d for d in durations if round(request.time_seconds(d), 6) not in seconds])
+    for branch in own["anyOf"]:
+        props = branch["properties"]
+        if isinstance(props.get("comment"), dict):
+            props["comment"] = {**props["comment"], "pattern": _NOT_STATED}
+    return own
 
 
 def _free_text(schema: Any) -> bool:

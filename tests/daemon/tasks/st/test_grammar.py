@@ -474,11 +474,15 @@ def test_the_body_writes_only_the_numbers_the_request_states(
     for invented in ("IF rLevel > 1900.0 THEN bValve := TRUE; END_IF;",
                      "IF rLevel > 71.0 THEN bValve := TRUE; END_IF;"):
         assert not _accepts(tokenizer, grammar, _with_body(invented)), invented
-    item = ST.kind.shape(ST.output_schema, HYSTERESIS).schema[
-        "properties"]["variables"]["items"]
-    accepts = jsonschema.Draft202012Validator(item).is_valid
+    variables = ST.kind.shape(ST.output_schema, HYSTERESIS).schema["properties"]["variables"]
+    # what code declares (the setpoints among it) takes the stated values; a variable of
+    # the model's own, none a setpoint holds
+    declared = jsonschema.Draft202012Validator(variables["prefixItems"][0]).is_valid
+    accepts = jsonschema.Draft202012Validator(variables["items"]).is_valid
     for init in ("95.0", "0.95"):
-        assert accepts({"section": "VAR", "name": "r", "type": "REAL", "initial": init})
+        assert declared({"section": "VAR", "name": "r", "type": "REAL", "initial": init})
+    assert accepts({"section": "VAR", "name": "r", "type": "REAL", "initial": "0.95"})
+    assert not accepts({"section": "VAR", "name": "r", "type": "REAL", "initial": "95.0"})
     assert accepts({"section": "VAR", "name": "t", "type": "TIME", "initial": "T#1s"})
     assert not accepts({"section": "VAR", "name": "t", "type": "TIME", "initial": "T#10s"})
     assert not accepts({"section": "VAR", "name": "r", "type": "REAL", "initial": "1900.0"})

@@ -5,11 +5,13 @@ called, inputs never assigned, a POU name that is not IEC 61131-3's own."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rung.daemon.tasks.kinds import KINDS
+from rung.daemon.tasks.shaping import compact
 from rung.daemon.tasks.st import request as st_request
 from rung.daemon.tasks.st.pou import assigned_names, render_pou
 from rung.daemon.tasks.validate import validate_output
@@ -184,6 +186,52 @@ def test_a_list_of_names_of_one_type_declares_each_of_them() -> None:
         ("VAR_INPUT", "bOk3", "BOOL"), ("VAR_INPUT", "bReset", "BOOL"),
         ("VAR_INPUT", "bLampTest", "BOOL"), ("VAR_OUTPUT", "iFirstOut", "INT"),
         ("VAR_OUTPUT", "bHorn", "BOOL"), ("VAR_OUTPUT", "bLamp", "BOOL")]
+
+
+def test_the_models_own_variables_hold_no_setpoints_value() -> None:
+    """Past the interface and the setpoints code declares, a variable the model declares
+    cannot hold a value a setpoint holds, nor carry a comment that says it was stated
+    (the adapter wrote ``tStopOk : TIME := T#30s; // stated: 30 s`` beside the setpoint
+    ``tBeltRuns`` and read the copy)."""
+    import llguidance
+
+    from rung.daemon.tasks.task import load_tasks
+    from rung.engines.grammar import GrammarCompiler
+
+    model = Path(__file__).resolve().parents[4] / "models" / "edge-tiny"
+    compiler = GrammarCompiler(model / "tokenizer.json", [2], 2048)
+    data = {"description": "Stop the belt and set a jam alarm if it runs 30 s without a "
+                           "part; open the vent above 6.5 bar.",
+            "name": "FB_Belt", "pou_type": "FUNCTION_BLOCK",
+            "constraints": ["VAR_INPUT bPart : BOOL, rPressure : REAL",
+                            "VAR_OUTPUT bJam : BOOL"]}
+    st = load_tasks()["st_code"]
+    shaped = st.kind.shape(st.output_schema, data)
+    assert '"initial":"T#30s","comment":"stated: 30 s"' in shaped.prefix
+    grammar = compiler.compile(shaped.schema)
+
+    def accepts(own: dict[str, str]) -> bool:
+        m = llguidance.LLMatcher(compiler.tokenizer, grammar)
+        text = shaped.prefix + "," + compact(own)
+        ids = compiler.tokenizer.tokenize_str(text)
+        return m.try_consume_tokens(ids) == len(ids) and not m.is_error()
+
+    var = {"section": "VAR", "name": "tonJam", "type": "TON"}
+    assert accepts(var)
+    assert accepts({**var, "comment": "jam timer"})
+    assert accepts({**var, "comment": "start delay"})
+    assert not accepts({**var, "comment": "stated: 30 s"})
+    tmr = {"section": "VAR", "name": "tDelay", "type": "TIME"}
+    assert accepts({**tmr, "initial": "T#1s"})
+    assert not accepts({**tmr, "initial": "T#30s"})
+    assert not accepts({**tmr, "initial": "T#30000ms"})
+    limit = {"section": "VAR", "name": "rLimit", "type": "REAL"}
+    assert accepts({**limit, "initial": "0.0"})
+    assert not accepts({**limit, "initial": "6.5"})
+    # where code declares nothing (a FUNCTION), a variable may hold a stated value as before
+    free = st.kind.shape(st.output_schema, {"description": "x above 6.5 bar.",
+                                            "pou_type": "FUNCTION"})
+    assert "prefixItems" not in free.schema["properties"]["variables"]
 
 
 def test_a_value_counts_as_used_only_where_the_body_reads_it() -> None:
