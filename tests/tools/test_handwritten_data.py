@@ -279,7 +279,8 @@ def test_reference_pou_passes_its_vectors_and_a_wrong_one_fails(name: str) -> No
     assert got["ok"], got
     # the reference is also an answer rung's checks accept for this request
     checks = KINDS["st"].validate(ref, request)
-    for section in ("st_syntax", "identifiers", "relevance", "building_blocks", "inputs"):
+    for section in ("st_syntax", "identifiers", "relevance", "building_blocks", "inputs",
+                    "outputs"):
         assert checks[section]["ok"], (section, checks[section])
     wrong = copy.deepcopy(ref)
     assert old in wrong["body"]
@@ -883,7 +884,8 @@ def test_description_only_reference_passes_and_a_wrong_one_fails(start: str) -> 
     assert used <= declared, used - declared
     # what the eval judges such an answer by: rung's checks for the request as asked
     checks = KINDS["st"].validate(ref, request)
-    for section in ("st_syntax", "identifiers", "relevance", "building_blocks", "inputs"):
+    for section in ("st_syntax", "identifiers", "relevance", "building_blocks", "inputs",
+                    "outputs"):
         assert checks[section]["ok"], (section, checks[section])
     wrong = copy.deepcopy(ref)
     assert old in wrong["body"]

@@ -10,6 +10,7 @@ Its sections of the validation:
     relevance        the values the request states appear (``request.values_used``)
     building_blocks  the blocks the request's behaviour needs are declared and called
     inputs           no VAR_INPUT is assigned
+    outputs          every VAR_OUTPUT (a FUNCTION: its result) is written
     behaviour        with the request's ``vectors``: the POU run on a simulated clock
                      gives the expected outputs (``interpreter.run_vectors``)
 """
@@ -22,7 +23,7 @@ from typing import Any
 from rung.daemon.tasks.kind import InputError, Kind, Section
 from rung.daemon.tasks.st import request
 from rung.daemon.tasks.st.interpreter import check_vectors, run_vectors
-from rung.daemon.tasks.st.pou import assigned_names, reserved_kind, validate_pou
+from rung.daemon.tasks.st.pou import assigned_names, reserved_kind, validate_pou, written_names
 from rung.daemon.tasks.st.shape import shape
 
 
@@ -42,8 +43,8 @@ def _check_input(data: Mapping[str, Any]) -> None:
 
 def _validate(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
     """The POU parses and names only what it declares (valid); it uses the values the
-    request states, the building blocks its behaviour needs, and never assigns a VAR_INPUT
-    (right, as far as code can tell: ``request``). All gating."""
+    request states, the building blocks its behaviour needs, never assigns a VAR_INPUT and
+    writes every output (right, as far as code can tell: ``request``). All gating."""
     result = validate_pou(output)
     stated = request.read(data)
     identifiers = result["identifiers"]
@@ -57,6 +58,7 @@ def _validate(output: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, A
             "relevance": request.values_used(stated, output),
             "building_blocks": request.blocks_used(stated, output),
             "inputs": request.inputs_not_assigned(output, assigned_names(result["text"])),
+            "outputs": request.outputs_written(output, written_names(result["text"])),
             **_behaviour(output, data)}
 
 

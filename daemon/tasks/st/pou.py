@@ -754,6 +754,26 @@ def validate_pou(pou: Mapping[str, Any]) -> dict[str, Any]:
             "identifiers": _check_identifiers(pou, r, parsed)}
 
 
+def written_names(text: str) -> list[str]:
+    """The variables a POU's body writes: those it assigns (``assigned_names``) and those an
+    FB call's outputs go to (``tmr(IN := x, Q => bDone)``). Empty when the text does not
+    parse."""
+    parsed = _parse(text)
+    if parsed is None:
+        return []
+    tree, _ = parsed
+    bound = []
+    for node in _walk(tree.root_node):
+        if (node.type == "named_argument" and len(node.children) == 3
+                and node.children[1].type == "=>"):
+            target = node.children[2]
+            while target.type != "identifier" and target.children:
+                target = target.children[0]
+            if target.type == "identifier":
+                bound.append(_text(target))
+    return assigned_names(text) + bound
+
+
 def assigned_names(text: str) -> list[str]:
     """The variables a POU's body assigns (``x := ...;``, ``x[i] := ...;``), in order; FB
     call arguments (``IN := ...``) are not assignments. Empty when the text does not

@@ -325,6 +325,21 @@ def inputs_not_assigned(pou: Mapping[str, Any], assigned: Sequence[str]) -> dict
          "it (declare an output or a local for what it computes)"} for name in bad]}
 
 
+def outputs_written(pou: Mapping[str, Any], written: Sequence[str]) -> dict[str, Any]:
+    """Every VAR_OUTPUT is written by the POU, and a FUNCTION's own name (its result)
+    (``written``: the names the body assigns or binds an FB's output to): an output the
+    body never drives stays at its initial value whatever the inputs do."""
+    wrote = {w.upper() for w in written}
+    outputs = [str(v.get("name")) for v in pou.get("variables") or []
+               if isinstance(v, Mapping) and v.get("section") == "VAR_OUTPUT"]
+    if pou.get("pou_type") == "FUNCTION" and pou.get("name"):
+        outputs.append(str(pou["name"]))
+    idle = _unique(name for name in outputs if name.upper() not in wrote)
+    return {"ok": not idle, "errors": [
+        {"path": "body", "message": f"{name} is never written: the body assigns it nowhere "
+         "(an output the POU does not drive keeps its initial value)"} for name in idle]}
+
+
 # -- the interface a request states --------------------------------------------------------
 
 _SECTION = re.compile(r"^\s*(VAR_INPUT|VAR_OUTPUT|VAR_IN_OUT|inputs?|outputs?|in/out)\b\s*:?",

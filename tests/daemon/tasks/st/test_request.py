@@ -13,7 +13,7 @@ import pytest
 from rung.daemon.tasks.kinds import KINDS
 from rung.daemon.tasks.shaping import compact
 from rung.daemon.tasks.st import request as st_request
-from rung.daemon.tasks.st.pou import assigned_names, render_pou
+from rung.daemon.tasks.st.pou import assigned_names, render_pou, written_names
 from rung.daemon.tasks.validate import validate_output
 
 DRAIN = {"description": "Switch the drain pump on at 70.0 % and off at 35.0 % "
@@ -124,6 +124,28 @@ def test_a_var_input_assigned_fails_the_check() -> None:
     assert assigned_names(render_pou(_pou(body))) == ["bPump", "bPump", "bAlarm", "rLevel"]
     ok, v = validate_output({}, KINDS["st"], _pou(body), DRAIN)
     assert not ok and v["inputs"]["errors"][0]["message"].startswith("rLevel is a VAR_INPUT")
+
+
+def test_an_output_never_written_fails_the_check() -> None:
+    """An output the body never drives (the adapter's tank-fill POU switched two timers and
+    never wrote ``bFillValve``) is not right; an FB output bound to it (``Q => bOut``)
+    writes it."""
+    ok, v = validate_output({}, KINDS["st"], _pou(RIGHT), DRAIN)
+    assert v["outputs"]["ok"], v["outputs"]
+    idle = "IF rLevel >= 70.0 THEN\n    bPump := TRUE;\nEND_IF;\nIF rLevel >= 95.0 THEN\n" \
+           "    bPump := FALSE;\nEND_IF;"
+    ok, v = validate_output({}, KINDS["st"], _pou(idle), DRAIN)
+    assert not ok and v["outputs"]["errors"][0]["message"].startswith("bAlarm is never written")
+    assert v["st_syntax"]["ok"] and v["identifiers"]["ok"]   # valid, not right
+    timed = [*_pou("").get("variables"), {"section": "VAR", "name": "tonHigh", "type": "TON"}]
+    bound = ("bPump := rLevel >= 70.0 AND rLevel > 35.0;\n"
+             "tonHigh(IN := rLevel >= 95.0, PT := T#1s, Q => bAlarm);")
+    assert written_names(render_pou(_pou(bound, timed))) == ["bPump", "bAlarm"]
+    assert st_request.outputs_written(_pou(bound, timed), ["bPump", "bAlarm"])["ok"]
+    fn = {"pou_type": "FUNCTION", "name": "FC_Scale", "return_type": "REAL", "variables": [
+        {"section": "VAR_INPUT", "name": "iRaw", "type": "INT"}], "body": "iRaw := 0;"}
+    assert st_request.outputs_written(fn, ["iRaw"])["errors"][0]["message"].startswith(
+        "FC_Scale is never written")
 
 
 def test_a_pou_name_of_iec_61131_3_fails_the_check() -> None:
