@@ -754,40 +754,40 @@ def validate_pou(pou: Mapping[str, Any]) -> dict[str, Any]:
             "identifiers": _check_identifiers(pou, r, parsed)}
 
 
-def written_names(text: str) -> list[str]:
-    """The variables a POU's body writes: those it assigns (``assigned_names``) and those an
-    FB call's outputs go to (``tmr(IN := x, Q => bDone)``). Empty when the text does not
-    parse."""
+def _writes(text: str) -> tuple[list[str], list[str]]:
+    """The variables a POU's body assigns (``x := ...;``, ``x[i] := ...;``) and those an FB
+    call's outputs go to (``tmr(IN := x, Q => bDone)``), each in order. Empty when the
+    text does not parse."""
     parsed = _parse(text)
     if parsed is None:
-        return []
+        return [], []
     tree, _ = parsed
-    bound = []
+    assigned: list[str] = []
+    bound: list[str] = []
     for node in _walk(tree.root_node):
-        if (node.type == "named_argument" and len(node.children) == 3
-                and node.children[1].type == "=>"):
-            target = node.children[2]
-            while target.type != "identifier" and target.children:
-                target = target.children[0]
-            if target.type == "identifier":
-                bound.append(_text(target))
-    return assigned_names(text) + bound
+        if node.type == "assignment_statement" and node.children:
+            target, into = node.children[0], assigned
+        elif (node.type == "named_argument" and len(node.children) == 3
+              and node.children[1].type == "=>"):
+            target, into = node.children[2], bound
+        else:
+            continue
+        while target.type != "identifier" and target.children:
+            target = target.children[0]
+        if target.type == "identifier":
+            into.append(_text(target))
+    return assigned, bound
+
+
+def written_names(text: str) -> list[str]:
+    """The variables a POU's body writes: those it assigns (``assigned_names``), then those
+    an FB call's outputs go to (``Q => bDone``). Empty when the text does not parse."""
+    assigned, bound = _writes(text)
+    return assigned + bound
 
 
 def assigned_names(text: str) -> list[str]:
     """The variables a POU's body assigns (``x := ...;``, ``x[i] := ...;``), in order; FB
     call arguments (``IN := ...``) are not assignments. Empty when the text does not
     parse."""
-    parsed = _parse(text)
-    if parsed is None:
-        return []
-    tree, _ = parsed
-    names = []
-    for node in _walk(tree.root_node):
-        if node.type == "assignment_statement" and node.children:
-            target = node.children[0]
-            while target.type != "identifier" and target.children:
-                target = target.children[0]
-            if target.type == "identifier":
-                names.append(_text(target))
-    return names
+    return _writes(text)[0]

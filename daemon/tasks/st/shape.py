@@ -61,10 +61,11 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
                   for k in keys[keys.index("body") + 1:]]
 
     prefix, setpoints = _prefix(s, data)
+    stated_interface = request.interface(data)
     if prefix and _free_text(item_props.get("initial")):
         # past what code declared, the model's own variables: none holds a value a setpoint
         # holds, nor says it was stated (a copy beside the setpoint, read in its place)
-        written = len(request.interface(data)) + len(setpoints)
+        written = len(stated_interface) + len(setpoints)
         variables["prefixItems"] = [variables["items"]] * written
         variables["items"] = _own_item(item, numbers, durations, setpoints)
     # the setpoints code declared hold the request's values: the body reads them, never
@@ -73,7 +74,7 @@ def shape(schema: Schema, data: Mapping[str, Any]) -> Shape:
     # room for the model's own variables beside what the request states: more than any
     # taught answer declares, so a model that repeats declarations closes the list and
     # still has the tokens to write the body
-    most = len(request.interface(data)) + len(setpoints) + OWN_VARIABLES
+    most = len(stated_interface) + len(setpoints) + OWN_VARIABLES
     if not isinstance(variables.get("maxItems"), int) or variables["maxItems"] > most:
         variables["maxItems"] = most
 
