@@ -119,7 +119,7 @@ def _prefix(schema: Schema, data: Mapping[str, Any]) -> tuple[str, list[dict[str
     return "", []
 
 
-# a comment that does not start with "stated" (the mark of a setpoint code declares)
+# a comment that does not start with "stated:" (the mark of a setpoint code declares)
 _NOT_STATED = (r"^([^s].*|s([^t].*)?|st([^a].*)?|sta([^t].*)?|stat([^e].*)?|state([^d].*)?"
                r"|stated[^:].*)?$")
 
